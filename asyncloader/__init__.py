@@ -1,0 +1,29 @@
+"""asyncloader: an asyncio-first data loader for machine-learning training.
+
+The layers, from the user inwards (see README.md beside this file for the tree):
+
+- :class:`DataLoader` holds a dataset, a sampler, a transform and a collate function, and runs
+  one epoch per iteration: ``for batch in loader`` or ``async for batch in loader``.
+- An epoch is one async driver that keeps ``num_workers`` batch tasks running, each fetching
+  ``item_concurrency`` items at once, transforming and collating on a CPU thread pool, and
+  hands batches over in order through ``prefetch_depth`` permits.
+"""
+
+from ._collate import default_collate as default_collate
+from ._loader import DataLoader as DataLoader
+from ._sampler import RandomSampler as RandomSampler
+from ._sampler import Sampler as Sampler
+from ._sampler import SequentialSampler as SequentialSampler
+from ._transform import Compose as Compose
+from ._transform import Transform as Transform
+
+__all__ = [
+    "Compose",
+    "DataLoader",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "Transform",
+    "default_collate",
+]
+__version__ = "0.1.0"

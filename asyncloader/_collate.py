@@ -1,0 +1,83 @@
+"""``default_collate``: turn a batch's items into one value, NumPy first.
+
+Arrays and numbers are stacked with NumPy; torch tensors with ``torch.stack`` (torch is only
+touched when an item is a tensor, so it stays optional); dicts, tuples, lists and namedtuples
+are collated field by field; text and bytes-like items are kept as lists.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_KEPT_AS_LIST = (str, bytes, bytearray, memoryview)
+_NUMBERS = (bool, int, float, complex, np.number, np.bool_)
+
+
+def _is_tensor(item: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(item, torch.Tensor)
+
+
+def default_collate(items: Sequence[Any]) -> Any:
+    """Collate a batch's items into one value.
+
+    Args:
+        items: The batch's items, all of the same structure.
+
+    Returns:
+        A stacked array for arrays and numbers, a stacked tensor for tensors, the same
+        container for dicts, tuples, lists and namedtuples (collated per field), or a list
+        for ``str`` and bytes-like items.
+
+    Raises:
+        TypeError: The items have no collation rule, or differ in type or structure.
+        ValueError: Arrays of different shapes.
+    """
+    if not items:
+        return []
+    first = items[0]
+    if isinstance(first, np.ndarray):
+        shapes = {item.shape for item in items if isinstance(item, np.ndarray)}
+        if len(shapes) > 1:
+            raise ValueError(f"default_collate: arrays of different shapes {sorted(shapes)}")
+        return np.stack(items)
+    if isinstance(first, _NUMBERS):
+        return np.asarray(items)
+    if isinstance(first, _KEPT_AS_LIST):
+        return list(items)
+    if _is_tensor(first):
+        import torch
+
+        return torch.stack(list(items))
+    if isinstance(first, Mapping):
+        return {key: default_collate([_field(item, key) for item in items]) for key in first}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
+        return type(first)(*default_collate_fields(items, len(first)))
+    if isinstance(first, tuple | list):
+        fields = default_collate_fields(items, len(first))
+        return tuple(fields) if isinstance(first, tuple) else fields
+    raise TypeError(
+        f"default_collate cannot collate items of type {type(first).__name__}; "
+        "pass collate_fn=list to keep the items as they are"
+    )
+
+
+def _field(item: object, key: object) -> Any:
+    if not isinstance(item, Mapping):
+        raise TypeError(f"default_collate: a batch mixes dicts and {type(item).__name__}")
+    return item[key]
+
+
+def default_collate_fields(items: Sequence[Any], width: int) -> list[Any]:
+    """Collate sequences of ``width`` fields position by position."""
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != width:
+            raise TypeError(
+                f"default_collate: each item must be a sequence of {width} fields like the "
+                f"first one, got {type(item).__name__}"
+            )
+    return [default_collate([item[position] for item in items]) for position in range(width)]

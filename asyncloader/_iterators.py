@@ -1,0 +1,220 @@
+"""The three ways an epoch is consumed: inline, from a background loop, or with ``async for``.
+
+- :class:`DirectIterator`: a sync dataset with ``num_workers == 0`` and ``item_concurrency ==
+  1`` is fetched, transformed and collated inside ``__next__``, with no thread or queue.
+- :class:`ThreadedIterator`: ``for batch in loader`` otherwise; the driver runs on the loader's
+  loop thread and the consumer blocks on a :class:`~asyncloader._handoff.ThreadHandoff`.
+- :class:`AsyncIterator`: ``async for batch in loader``; the driver runs as a task of the
+  caller's loop.
+
+Each yields batches (or ``(indices, batch)`` pairs) in epoch order and raises a failed batch's
+exception at its turn, after which iteration goes on with the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from ._driver import Batch, Work, drive
+from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
+from ._runtime import Runtime
+from ._source import fetch_batch
+from ._transform import Transform
+
+CANCEL_WAIT_S: Final = 5.0
+"""How long an abandoned sync epoch waits until no thread runs the user's code any more."""
+
+
+def _unwrap(value: object, with_indices: bool) -> Any:
+    if isinstance(value, Failure):
+        error = value.error
+        del value
+        raise error
+    assert isinstance(value, tuple)
+    return value if with_indices else value[1]
+
+
+class DirectIterator:
+    """One epoch processed inline in ``__next__`` (the fastest path for cheap items)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batches: Sequence[list[int]],
+        transform: Transform | None,
+        collate: Callable[[list[Any]], Any],
+        with_indices: bool,
+    ) -> None:
+        self._dataset: Any = dataset
+        self._batches = batches
+        self._transform = transform
+        self._collate = collate
+        self._with_indices = with_indices
+        self._position = 0
+
+    def __iter__(self) -> DirectIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._batches) - self._position
+
+    def __next__(self) -> Any:
+        if self._position >= len(self._batches):
+            self.close()
+            raise StopIteration
+        indices = self._batches[self._position]
+        self._position += 1
+        items = fetch_batch(self._dataset, indices)
+        transform = self._transform
+        if transform is not None:
+            items = [transform(index, item) for index, item in zip(indices, items, strict=True)]
+        batch = self._collate(items)
+        return (indices, batch) if self._with_indices else batch
+
+    def close(self) -> None:
+        """End the epoch; nothing is running, so nothing needs waiting for."""
+        self._position = len(self._batches)
+        self._dataset = self._transform = None
+
+
+async def _run_epoch(epoch: Any, finished: threading.Event) -> None:
+    try:
+        await epoch
+    finally:
+        finished.set()
+
+
+class ThreadedIterator:
+    """One epoch driven on the loader's loop thread, consumed from any other thread."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        work: Work,
+        batches: Sequence[list[int]],
+        prefetch_depth: int,
+        timeout: float | None,
+        with_indices: bool,
+    ) -> None:
+        self._runtime = runtime
+        self._timeout = timeout
+        self._with_indices = with_indices
+        self._remaining = len(batches)
+        loop_thread = runtime.loop_thread
+        self._handoff = ThreadHandoff(prefetch_depth, loop_thread.loop)
+        self._finished = threading.Event()
+        self._future = loop_thread.submit(
+            _run_epoch(drive(work, batches, self._handoff), self._finished)
+        )
+        self._open = True
+
+    def __iter__(self) -> ThreadedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._remaining
+
+    def __next__(self) -> Any:
+        if not self._open:
+            raise StopIteration
+        try:
+            value = self._handoff.get(self._timeout)
+        except KeyboardInterrupt:
+            self._cancel(wait=False)  # Ctrl-C: cancel without the bounded wait
+            raise
+        if value is END:
+            self._open = False
+            raise StopIteration
+        self._remaining -= 1
+        return _unwrap(value, self._with_indices)
+
+    def close(self) -> None:
+        """Cancel the epoch and wait (at most 5 s) until no thread runs the dataset's code."""
+        self._cancel(wait=True)
+
+    def _cancel(self, wait: bool) -> None:
+        if not self._open:
+            return
+        self._open = False
+        if not self._finished.is_set():
+            self._future.cancel()  # cancels the driver task on its loop
+        if not wait or sys.is_finalizing():
+            return
+        if threading.current_thread() is self._runtime.loop_thread.thread:
+            return  # the loop cannot wait for itself
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        self._finished.wait(CANCEL_WAIT_S)
+        self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
+
+    def __del__(self) -> None:
+        if getattr(self, "_open", False):
+            self._cancel(wait=True)
+
+
+class AsyncIterator:
+    """One epoch driven as a task of the caller's running event loop (``async for``)."""
+
+    def __init__(
+        self,
+        work: Work,
+        batches: Sequence[list[int]],
+        prefetch_depth: int,
+        timeout: float | None,
+        with_indices: bool,
+    ) -> None:
+        self._work: Work | None = work
+        self._batches = batches
+        self._remaining = len(batches)
+        self._timeout = timeout
+        self._with_indices = with_indices
+        self._handoff = AsyncHandoff(prefetch_depth)
+        self._task: asyncio.Task[None] | None = None
+        self._open = True
+
+    def __aiter__(self) -> AsyncIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._remaining
+
+    async def __anext__(self) -> Any:
+        if not self._open:
+            raise StopAsyncIteration
+        if self._task is None:
+            assert self._work is not None
+            self._task = asyncio.get_running_loop().create_task(
+                drive(self._work, self._batches, self._handoff)
+            )
+            self._work = None
+        value = await self._handoff.get(self._timeout)
+        if value is END:
+            self._open = False
+            raise StopAsyncIteration
+        self._remaining -= 1
+        return _unwrap(value, self._with_indices)
+
+    async def aclose(self) -> None:
+        """Cancel the epoch and wait until its tasks are gone."""
+        self._open = False
+        self._work = None
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            # Wait for the driver without letting its cancellation leak into our caller.
+            await asyncio.wait([task])
+
+    def __del__(self) -> None:
+        task = getattr(self, "_task", None)
+        if task is None or task.done():
+            return
+        loop = task.get_loop()
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+
+
+__all__ = ["AsyncIterator", "Batch", "DirectIterator", "ThreadedIterator"]

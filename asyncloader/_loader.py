@@ -1,0 +1,314 @@
+"""``DataLoader``: the settings and pieces of a loader; each iteration runs one epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator as AsyncIteratorABC
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, Final
+
+from ._collate import default_collate
+from ._driver import Work
+from ._iterators import AsyncIterator, DirectIterator, ThreadedIterator
+from ._pin import pin_batch, pinning_available
+from ._runtime import Runtime
+from ._sampler import (
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    batch_count,
+    cut_batches,
+    read_sampler,
+    sampler_length,
+)
+from ._settings import Settings, check_bool, check_int
+from ._source import Source, is_async_dataset
+from ._transform import Transform
+
+logger = logging.getLogger("asyncloader")
+
+ACLOSE_TIMEOUT_S: Final = 5.0
+"""How long closing the loader waits for an async dataset's ``aclose()``."""
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
+
+
+class DataLoader:
+    """Batches of a dataset, in order, with bounded prefetching; one epoch per iteration.
+
+    ``for batch in loader`` runs an epoch on the loader's own background event loop (or inline
+    on the direct path); ``async for batch in loader`` runs it on the caller's loop.
+
+    Args:
+        dataset: A map-style dataset: ``__len__`` and ``__getitem__`` (sync or ``async def``),
+            optionally ``__getitems__(indices)`` and, for async datasets, ``async def aclose()``.
+        batch_size: Samples per batch, at least 1.
+        shuffle: Draw a new permutation every epoch from ``(seed, epoch)``.
+        sampler: Any finite iterable of ``int`` (read whole at the start of each epoch) or a
+            :class:`Sampler`; exclusive with ``shuffle``.
+        seed: The seed of shuffling (and of random transforms); drawn once from the OS when
+            ``None``.
+        drop_last: Drop the last batch of an epoch when it is short.
+        transform: ``f(index, item) -> item``, run on the CPU pool.
+        collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
+        num_workers: Batches processed at once; 0 processes them inline when possible.
+        item_concurrency: Items of one batch fetched at once.
+        prefetch_depth: Finished batches that may wait for the consumer, at least 1.
+        cpu_threads: Threads of the CPU pool; the CPUs available by default.
+        timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` waits forever.
+        pin_memory: Pin torch batches (a no-op with a warning when CUDA is absent).
+
+    Raises:
+        TypeError: A setting has the wrong type, or the dataset is not a map-style dataset.
+        ValueError: A setting is out of range, or ``sampler`` is given with ``shuffle``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        sampler: object = None,
+        *,
+        seed: int | None = None,
+        drop_last: bool = False,
+        transform: Transform | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+        item_concurrency: int = 1,
+        prefetch_depth: int = 2,
+        cpu_threads: int | None = None,
+        timeout: float | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        self._settings = Settings.build(
+            batch_size=batch_size,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            item_concurrency=item_concurrency,
+            prefetch_depth=prefetch_depth,
+            cpu_threads=cpu_threads,
+            timeout=timeout,
+            pin_memory=pin_memory,
+        )
+        check_bool("shuffle", shuffle)
+        _check_callable("transform", transform)
+        _check_callable("collate_fn", collate_fn)
+        self._seed = secrets.randbits(63) if seed is None else check_int("seed", seed, 0)
+        if sampler is not None:
+            if shuffle:
+                raise ValueError("sampler and shuffle=True are exclusive; pass one of them")
+            if not isinstance(sampler, Sampler) and not hasattr(sampler, "__iter__"):
+                raise TypeError(f"sampler must be an iterable of int, got {sampler!r}")
+            self._sampler: object = sampler
+        else:
+            self._sampler = RandomSampler(self._seed) if shuffle else SequentialSampler()
+        self._is_async = is_async_dataset(dataset)
+        self._dataset = dataset
+        self._transform = transform
+        collate = default_collate if collate_fn is None else collate_fn
+        if self._settings.pin_memory and pinning_available():
+            self._collate: Callable[[list[Any]], Any] = lambda items: pin_batch(collate(items))
+        else:
+            self._collate = collate
+        self._epoch = 0
+        self._runtime: Runtime | None = None
+
+    # -- the settings, read-only ------------------------------------------------------------
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset."""
+        return self._dataset
+
+    @property
+    def sampler(self) -> object:
+        """The sampler that orders each epoch."""
+        return self._sampler
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return self._settings.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether a short last batch is dropped."""
+        return self._settings.drop_last
+
+    @property
+    def num_workers(self) -> int:
+        """Batches processed at once."""
+        return self._settings.num_workers
+
+    @property
+    def item_concurrency(self) -> int:
+        """Items of one batch fetched at once."""
+        return self._settings.item_concurrency
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Finished batches that may wait for the consumer."""
+        return self._settings.prefetch_depth
+
+    @property
+    def seed(self) -> int:
+        """The seed of shuffling and of random transforms."""
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The number of the epoch the next iteration runs (0 for the first)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run epoch ``epoch`` (its order is drawn from it)."""
+        self._epoch = check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        """The number of batches per epoch (PyTorch's convention).
+
+        Raises:
+            TypeError: The sampler has no ``__len__``.
+        """
+        samples = sampler_length(self._sampler, len(self._dataset))
+        return batch_count(samples, self._settings.batch_size, self._settings.drop_last)
+
+    # -- epochs -----------------------------------------------------------------------------
+
+    def _start_epoch(self) -> list[list[int]]:
+        """Fix the batches of the next epoch (the sampler is read whole, now)."""
+        indices = read_sampler(self._sampler, len(self._dataset), self._epoch)
+        self._epoch += 1
+        return cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
+
+    def _runtime_here(self) -> Runtime:
+        # After fork() the inherited threads do not exist: build new ones, leave the old alone.
+        if self._runtime is None or self._runtime.pid != os.getpid():
+            self._runtime = Runtime(self._settings.cpu_threads, self._settings.requests_in_flight)
+        return self._runtime
+
+    def _work(self, runtime: Runtime) -> Work:
+        return Work(
+            source=Source(self._dataset, None if self._is_async else runtime.io),
+            transform=self._transform,
+            collate=self._collate,
+            cpu=runtime.cpu,
+            batch_tasks=self._settings.batch_tasks,
+            item_concurrency=self._settings.item_concurrency,
+        )
+
+    def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
+        settings = self._settings
+        batches = self._start_epoch()
+        direct = not self._is_async and settings.num_workers == 0
+        if direct and settings.item_concurrency == 1:
+            return DirectIterator(
+                self._dataset, batches, self._transform, self._collate, with_indices
+            )
+        runtime = self._runtime_here()
+        return ThreadedIterator(
+            runtime,
+            self._work(runtime),
+            batches,
+            settings.prefetch_depth,
+            settings.timeout,
+            with_indices,
+        )
+
+    def _aiterate(self, with_indices: bool) -> AsyncIterator:
+        batches = self._start_epoch()
+        return AsyncIterator(
+            self._work(self._runtime_here()),
+            batches,
+            self._settings.prefetch_depth,
+            self._settings.timeout,
+            with_indices,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        """Run one epoch; yield its batches in order."""
+        return self._iterate(with_indices=False)
+
+    def __aiter__(self) -> AsyncIteratorABC[Any]:
+        """Run one epoch on the running event loop; yield its batches in order."""
+        return self._aiterate(with_indices=False)
+
+    def iter_with_indices(self) -> Iterator[tuple[list[int], Any]]:
+        """Run one epoch; yield ``(indices, batch)`` pairs in order."""
+        return self._iterate(with_indices=True)
+
+    def aiter_with_indices(self) -> AsyncIteratorABC[tuple[list[int], Any]]:
+        """Run one epoch on the running event loop; yield ``(indices, batch)`` pairs."""
+        return self._aiterate(with_indices=True)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Await an async dataset's ``aclose()`` (bounded) and stop the loader's threads.
+
+        Idempotent. A later iteration starts new threads.
+        """
+        runtime, self._runtime = self._runtime, None
+        if runtime is None or runtime.pid != os.getpid():
+            return
+        if runtime.has_loop_thread and self._is_async:
+            future = runtime.loop_thread.submit(self._close_dataset())
+            try:
+                future.result(timeout=ACLOSE_TIMEOUT_S + 1.0)
+            except Exception:
+                logger.exception("closing the dataset failed")
+        runtime.close()
+
+    async def aclose(self) -> None:
+        """Await an async dataset's ``aclose()`` on the running loop, then stop the threads."""
+        await self._close_dataset()
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.close()
+
+    async def _close_dataset(self) -> None:
+        close = getattr(self._dataset, "aclose", None)
+        if close is None:
+            return
+        try:
+            await asyncio.wait_for(close(), ACLOSE_TIMEOUT_S)
+        except Exception:
+            logger.exception("%s.aclose() failed", type(self._dataset).__name__)
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> DataLoader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        s = self._settings
+        return (
+            f"DataLoader({type(self._dataset).__name__}, batch_size={s.batch_size}, "
+            f"num_workers={s.num_workers}, item_concurrency={s.item_concurrency}, "
+            f"prefetch_depth={s.prefetch_depth})"
+        )

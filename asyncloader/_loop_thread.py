@@ -1,0 +1,71 @@
+"""The loader's own event loop, on one daemon thread, for the plain ``for`` loop.
+
+uvloop is used when it is installed. The thread is started once per loader and reused by every
+epoch; stopping it cancels what still runs there and waits for that, within a bound, so that no
+"Task was destroyed but it is pending" warning is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_STOP_GRACE_S = 2.0
+"""How long stopping the loop waits for its cancelled tasks to finish."""
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when it is installed, else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class LoopThread:
+    """An event loop running forever on a daemon thread named ``asyncloader-loop``."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self._started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="asyncloader-loop", daemon=True)
+        self.thread.start()
+        self._started.wait()
+
+    def _run(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(self._started.set)
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=_STOP_GRACE_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run ``coro`` as a task of this loop; return a future of its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread (bounded; not while the interpreter finalizes)."""
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:  # closed in between
+            return
+        if not sys.is_finalizing() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=_STOP_GRACE_S + 1.0)

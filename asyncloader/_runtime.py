@@ -1,0 +1,95 @@
+"""The threads one loader owns: its CPU pool, its I/O pool and its event loop thread.
+
+Each is created on first use and serves every epoch. The runtime belongs to the process that
+built it: after ``fork()`` the loader builds a fresh one, and the inherited one is left alone
+(its threads do not exist in the child, and its locks may be held by threads that vanished).
+A forgotten runtime is stopped by ``weakref.finalize``, so it never keeps the interpreter alive.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+
+from ._loop_thread import LoopThread
+from ._pool import ThreadPool
+
+
+@dataclass
+class _Parts:
+    """What the finalizer stops; it must not refer to the :class:`Runtime` itself."""
+
+    pid: int = field(default_factory=os.getpid)
+    cpu: ThreadPool | None = None
+    io: ThreadPool | None = None
+    loop: LoopThread | None = None
+
+    def stop(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        loop, self.loop = self.loop, None
+        if loop is not None:
+            loop.stop()
+        for pool in (self.cpu, self.io):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.cpu = self.io = None
+
+
+class Runtime:
+    """The lazily built pools and loop thread of one loader in one process.
+
+    Args:
+        cpu_threads: Threads of the CPU pool (transforms, collation).
+        io_threads: Threads of the I/O pool that runs a sync dataset's calls.
+    """
+
+    def __init__(self, cpu_threads: int, io_threads: int) -> None:
+        self.cpu_threads = cpu_threads
+        self.io_threads = io_threads
+        self._parts = _Parts()
+        self._finalizer = weakref.finalize(self, self._parts.stop)
+
+    @property
+    def pid(self) -> int:
+        """The process that owns these threads."""
+        return self._parts.pid
+
+    @property
+    def cpu(self) -> ThreadPool:
+        """The CPU pool, started on first use."""
+        if self._parts.cpu is None:
+            self._parts.cpu = ThreadPool(self.cpu_threads, "asyncloader-cpu")
+        return self._parts.cpu
+
+    @property
+    def io(self) -> ThreadPool:
+        """The I/O pool for a sync dataset's calls, started on first use."""
+        if self._parts.io is None:
+            self._parts.io = ThreadPool(self.io_threads, "asyncloader-io")
+        return self._parts.io
+
+    @property
+    def loop_thread(self) -> LoopThread:
+        """The loader's own event loop thread, started on first use."""
+        if self._parts.loop is None:
+            self._parts.loop = LoopThread()
+        return self._parts.loop
+
+    @property
+    def has_loop_thread(self) -> bool:
+        """Whether the loop thread was started (so something may have run on it)."""
+        return self._parts.loop is not None
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until neither pool runs a job; return whether that happened within ``timeout``."""
+        idle = True
+        for pool in (self._parts.cpu, self._parts.io):
+            if pool is not None:
+                idle = pool.wait_idle(timeout) and idle
+        return idle
+
+    def close(self) -> None:
+        """Stop the loop thread and the pools, joining their threads (bounded)."""
+        self._finalizer()

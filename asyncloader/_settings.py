@@ -1,0 +1,96 @@
+"""The loader's settings, validated once when the loader is built.
+
+Every check names the setting and the value it got, so a typo fails at construction with a
+message that points at the argument, never later in the middle of an epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (affinity-aware, as the reference's default)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Return ``value`` if it is an ``int`` of at least ``minimum``; raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``; raise naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_timeout(name: str, value: object) -> float | None:
+    """Return ``value`` as seconds (``None`` for no limit); it must be finite and positive."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The numeric settings an epoch runs with (validated by :meth:`build`)."""
+
+    batch_size: int
+    drop_last: bool
+    num_workers: int
+    item_concurrency: int
+    prefetch_depth: int
+    cpu_threads: int
+    timeout: float | None
+    pin_memory: bool
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        batch_size: object,
+        drop_last: object,
+        num_workers: object,
+        item_concurrency: object,
+        prefetch_depth: object,
+        cpu_threads: object,
+        timeout: object,
+        pin_memory: object,
+    ) -> Settings:
+        """Validate every setting, naming the first bad one and its value."""
+        return cls(
+            batch_size=check_int("batch_size", batch_size, 1),
+            drop_last=check_bool("drop_last", drop_last),
+            num_workers=check_int("num_workers", num_workers, 0),
+            item_concurrency=check_int("item_concurrency", item_concurrency, 1),
+            prefetch_depth=check_int("prefetch_depth", prefetch_depth, 1),
+            cpu_threads=available_cpus()
+            if cpu_threads is None
+            else check_int("cpu_threads", cpu_threads, 1),
+            timeout=check_timeout("timeout", timeout),
+            pin_memory=check_bool("pin_memory", pin_memory),
+        )
+
+    @property
+    def batch_tasks(self) -> int:
+        """Batches processed at once by the async driver (``num_workers``, at least one)."""
+        return max(self.num_workers, 1)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """The most dataset calls in flight at once: ``max(num_workers, 1) * item_concurrency``."""
+        return self.batch_tasks * self.item_concurrency

@@ -1,0 +1,123 @@
+"""The dataset as the driver sees it: a sync or an async source of items.
+
+A dataset is recognised by its methods: ``async def __getitem__``/``__getitems__`` make an
+async dataset, plain ones a sync dataset (any torch map-style dataset). Mixing the two, or
+lacking ``__len__`` or ``__getitem__``, is refused when the loader is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._pool import ThreadPool
+
+
+def is_async_dataset(dataset: object) -> bool:
+    """Whether ``dataset`` is an async dataset.
+
+    Raises:
+        TypeError: It lacks ``__len__`` or ``__getitem__``, or mixes sync and async methods.
+    """
+    kind = type(dataset).__name__
+    if not hasattr(dataset, "__len__"):
+        raise TypeError(f"dataset {kind} has no __len__; map-style datasets need one")
+    if not hasattr(dataset, "__getitem__"):
+        raise TypeError(f"dataset {kind} has no __getitem__")
+    methods = {
+        name: inspect.iscoroutinefunction(getattr(dataset, name))
+        for name in ("__getitem__", "__getitems__")
+        if hasattr(dataset, name)
+    }
+    if len(set(methods.values())) > 1:
+        described = ", ".join(
+            f"{name} is {'async' if a else 'sync'}" for name, a in methods.items()
+        )
+        raise TypeError(f"dataset {kind} mixes sync and async item methods ({described})")
+    return methods["__getitem__"]
+
+
+def _refuse_awaitable(item: object, what: str) -> None:
+    if inspect.isawaitable(item):
+        if inspect.iscoroutine(item):
+            item.close()  # so it never warns "coroutine was never awaited"
+        raise TypeError(
+            f"{what} returned an awaitable ({type(item).__name__}); define it with "
+            "'async def' to make an async dataset"
+        )
+
+
+def check_count(items: Sequence[Any], indices: Sequence[int]) -> None:
+    """Fail a batch whose ``__getitems__`` returned the wrong number of items."""
+    if len(items) != len(indices):
+        raise ValueError(
+            f"__getitems__ returned {len(items)} items for {len(indices)} indices; "
+            "it must return exactly one item per index"
+        )
+
+
+def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
+    """Fetch a whole batch from a sync dataset on the calling thread.
+
+    One ``__getitems__(indices)`` call when the dataset has it, else ``__getitem__`` per index.
+    """
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems is not None:
+        items = getitems(list(indices))
+        if items:
+            _refuse_awaitable(items[0], f"{type(dataset).__name__}.__getitems__ item")
+        _refuse_awaitable(items, f"{type(dataset).__name__}.__getitems__")
+        items = list(items)
+        check_count(items, indices)
+        return items
+    getitem = dataset.__getitem__
+    result: list[Any] = []
+    for index in indices:
+        item = getitem(index)
+        if not result:  # one check per batch, as the reference: the first item tells
+            _refuse_awaitable(item, f"{type(dataset).__name__}.__getitem__")
+        result.append(item)
+    return result
+
+
+def fetch_item(dataset: Any, index: int) -> Any:
+    """Fetch one item from a sync dataset on the calling thread."""
+    item = dataset.__getitem__(index)
+    _refuse_awaitable(item, f"{type(dataset).__name__}.__getitem__")
+    return item
+
+
+class Source:
+    """Async access to a dataset's items for the driver.
+
+    Args:
+        dataset: The dataset.
+        io: The pool that runs a sync dataset's calls (``None`` for an async dataset).
+    """
+
+    def __init__(self, dataset: Any, io: ThreadPool | None) -> None:
+        self.dataset = dataset
+        self.io = io
+        self.fetches_whole_batches = io is not None or hasattr(dataset, "__getitems__")
+        """Whether one call fetches a batch (so ``item_concurrency == 1`` makes one call)."""
+
+    async def _hop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        assert self.io is not None
+        return await asyncio.wrap_future(self.io.submit(fn, *args))
+
+    async def get_batch(self, indices: Sequence[int]) -> list[Any]:
+        """All the items of a batch, in one call (requires :attr:`fetches_whole_batches`)."""
+        if self.io is not None:
+            result: list[Any] = await self._hop(fetch_batch, self.dataset, indices)
+            return result
+        items = list(await self.dataset.__getitems__(list(indices)))
+        check_count(items, indices)
+        return items
+
+    async def get(self, index: int) -> Any:
+        """One item."""
+        if self.io is not None:
+            return await self._hop(fetch_item, self.dataset, index)
+        return await self.dataset.__getitem__(index)
