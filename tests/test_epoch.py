@@ -1,0 +1,211 @@
+"""Order, completeness and bounds of an epoch, on every path and in both consumption modes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncloader import DataLoader
+
+from .datasets import AsyncData, SyncData
+
+MATRIX = [(w, k) for w in (0, 1, 4) for k in (1, 4)]
+
+
+class GatedSync(SyncData):
+    """Each item waits until ``limit`` items were once in flight, so the limit is reached."""
+
+    def __init__(self, n: int, limit: int) -> None:
+        super().__init__(n)
+        self.limit = limit
+        self.gate = threading.Event()
+
+    def __getitem__(self, index: int) -> int:
+        self.probe.enter(index)
+        try:
+            if self.probe.peak >= self.limit:
+                self.gate.set()
+            self.gate.wait(10)
+            return index
+        finally:
+            self.probe.leave()
+
+
+class GatedAsync(AsyncData):
+    """The async twin of :class:`GatedSync`."""
+
+    def __init__(self, n: int, limit: int) -> None:
+        super().__init__(n)
+        self.limit = limit
+        self.gate: asyncio.Event | None = None
+
+    async def __getitem__(self, index: int) -> int:
+        if self.gate is None:
+            self.gate = asyncio.Event()
+        self.probe.enter(index)
+        try:
+            if self.probe.peak >= self.limit:
+                self.gate.set()
+            await asyncio.wait_for(self.gate.wait(), 10)
+            return index
+        finally:
+            self.probe.leave()
+
+
+def _make(kind: str, n: int, delay: float) -> SyncData | AsyncData:
+    return SyncData(n, delay) if kind == "sync" else AsyncData(n, delay)
+
+
+def _expected(n: int, batch_size: int) -> list[list[int]]:
+    return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), MATRIX)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_for_keeps_order_under_random_delays(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    data = _make(kind, 101, delay=0.002)
+    with DataLoader(
+        data, batch_size=8, num_workers=num_workers, item_concurrency=item_concurrency
+    ) as loader:
+        got = [batch.tolist() for batch in loader]
+    assert got == _expected(101, 8)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), MATRIX)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_async_for_keeps_order_under_random_delays(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    data = _make(kind, 101, delay=0.002)
+    async with DataLoader(
+        data, batch_size=8, num_workers=num_workers, item_concurrency=item_concurrency
+    ) as loader:
+        got = [batch.tolist() async for batch in loader]
+    assert got == _expected(101, 8)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 1), (2, 3)])
+def test_iter_with_indices_pairs_each_batch_with_its_indices(
+    num_workers: int, item_concurrency: int
+) -> None:
+    data = SyncData(30)
+    with DataLoader(
+        data,
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        pairs = list(loader.iter_with_indices())
+    assert [batch.tolist() for _, batch in pairs] == [indices for indices, _ in pairs]
+    assert sorted(i for indices, _ in pairs for i in indices) == list(range(30))
+
+
+async def test_aiter_with_indices() -> None:
+    async with DataLoader(AsyncData(10), batch_size=3, num_workers=2) as loader:
+        pairs = [pair async for pair in loader.aiter_with_indices()]
+    assert [indices for indices, _ in pairs] == _expected(10, 3)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), MATRIX)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_items_in_flight_reach_but_never_exceed_the_limit(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    limit = max(num_workers, 1) * item_concurrency
+    data: GatedSync | GatedAsync = (
+        GatedSync(400, limit) if kind == "sync" else GatedAsync(400, limit)
+    )
+    probe = data.probe
+    with DataLoader(
+        data, batch_size=8, num_workers=num_workers, item_concurrency=item_concurrency
+    ) as loader:
+        total = sum(len(batch) for batch in loader)
+    assert total == 400
+    # The direct path (sync, 0 workers, 1 at a time) makes one call per batch: 1 in flight.
+    assert probe.peak == limit
+
+
+@pytest.mark.parametrize(("num_workers", "prefetch_depth"), [(1, 1), (2, 2), (4, 3)])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stalled_consumer_bounds_the_batches_started(
+    kind: str, num_workers: int, prefetch_depth: int
+) -> None:
+    batch_size = 4
+    window = num_workers + prefetch_depth
+    data = _make(kind, 200, delay=0.0)
+    probe = data.probe
+    calls = 0  # next() calls begun: the batches taken once the current call returns
+    violations: list[tuple[int, int]] = []
+    original = probe.enter
+
+    def checked_enter(index: int) -> None:
+        batch = index // batch_size
+        if batch >= calls + window:
+            violations.append((batch, calls))
+        original(index)
+
+    probe.enter = checked_enter  # type: ignore[method-assign]
+
+    def highest_batch_started() -> int:
+        return max(probe.started, default=-1) // batch_size
+
+    with DataLoader(
+        data, batch_size=batch_size, num_workers=num_workers, prefetch_depth=prefetch_depth
+    ) as loader:
+        iterator = iter(loader)
+        for taken in range(0, 50, 7):
+            while calls < taken:
+                calls += 1
+                next(iterator)
+            # The consumer stalls here until the pipeline is full: exactly the window ahead.
+            full = min(taken + window - 1, 49)
+            probe.wait_for(lambda f=full: highest_batch_started() >= f)  # type: ignore[misc]
+            assert highest_batch_started() == full
+        rest: list[Any] = list(iterator)
+    assert not violations, violations
+    assert len(rest) == 50 - 49
+
+
+def test_shuffle_is_a_permutation_that_changes_each_epoch_and_is_reproducible() -> None:
+    def epochs(seed: int) -> list[list[int]]:
+        with DataLoader(SyncData(50), batch_size=50, shuffle=True, seed=seed) as loader:
+            return [next(iter(loader)).tolist() for _ in range(3)]
+
+    first = epochs(7)
+    assert all(sorted(epoch) == list(range(50)) for epoch in first)
+    assert first[0] != first[1] != first[2]
+    assert epochs(7) == first
+    assert epochs(8) != first
+
+
+def test_a_sampler_is_read_at_the_start_of_each_epoch() -> None:
+    order = [5, 3, 1]
+    with DataLoader(SyncData(10), batch_size=2, sampler=order) as loader:
+        first = [batch.tolist() for batch in loader]
+        order.append(0)
+        second = [batch.tolist() for batch in loader]
+    assert first == [[5, 3], [1]]
+    assert second == [[5, 3], [1, 0]]
+
+
+def test_a_transform_gets_the_index_and_runs_off_the_consumer_thread() -> None:
+    threads: set[str] = set()
+
+    def transform(index: int, item: int) -> np.ndarray[Any, Any]:
+        threads.add(threading.current_thread().name)
+        return np.array([index, item * 10])
+
+    with DataLoader(
+        AsyncData(20), batch_size=5, shuffle=True, seed=1, transform=transform, num_workers=2
+    ) as loader:
+        for batch in loader:
+            assert (batch[:, 1] == batch[:, 0] * 10).all()
+    assert threads and all(name.startswith("asyncloader-cpu") for name in threads)
