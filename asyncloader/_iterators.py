@@ -105,7 +105,7 @@ class ThreadedIterator:
         self._timeout = timeout
         self._with_indices = with_indices
         self._remaining = len(batches)
-        loop_thread = runtime.loop_thread
+        loop_thread = self._loop_thread = runtime.loop_thread
         self._handoff = ThreadHandoff(prefetch_depth, loop_thread.loop)
         self._finished = threading.Event()
         self._future = loop_thread.submit(
@@ -143,13 +143,14 @@ class ThreadedIterator:
         self._open = False
         if not self._finished.is_set():
             self._future.cancel()  # cancels the driver task on its loop
-        if not wait or sys.is_finalizing():
+        if sys.is_finalizing():
             return
-        if threading.current_thread() is self._runtime.loop_thread.thread:
-            return  # the loop cannot wait for itself
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        self._finished.wait(CANCEL_WAIT_S)
-        self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
+        on_loop = threading.current_thread() is self._loop_thread.thread
+        if wait and not on_loop:  # the loop cannot wait for itself
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            self._finished.wait(CANCEL_WAIT_S)
+            self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
+        self._runtime.retire_busy_pools()
 
     def __del__(self) -> None:
         if getattr(self, "_open", False):

@@ -102,6 +102,11 @@ class ThreadPool(Executor):
             thread.start()
             self._threads.append(thread)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job is queued or running."""
+        return self._counter.busy > 0
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no job is queued or running; return whether that happened in time."""
         with self._counter.idle:
@@ -110,14 +115,16 @@ class ThreadPool(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the threads once their queued jobs are done; with ``wait``, join them (bounded).
 
-        Joining is skipped in a forked child (the threads are not there) and while the
-        interpreter finalizes (a blocked thread must not hang exit).
+        Joining is skipped in a forked child (the threads are not there), while the
+        interpreter finalizes, and while a job still runs (a call that never returns must not
+        hang the caller or the exit).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             threads = list(self._threads)
+            wait = wait and not self.busy
         if os.getpid() != self.pid:
             return
         for _ in threads:

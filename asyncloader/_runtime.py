@@ -9,6 +9,7 @@ A forgotten runtime is stopped by ``weakref.finalize``, so it never keeps the in
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -84,11 +85,26 @@ class Runtime:
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until neither pool runs a job; return whether that happened within ``timeout``."""
-        idle = True
-        for pool in (self._parts.cpu, self._parts.io):
-            if pool is not None:
-                idle = pool.wait_idle(timeout) and idle
-        return idle
+        deadline = time.monotonic() + timeout
+        return all(
+            pool.wait_idle(max(0.0, deadline - time.monotonic()))
+            for pool in (self._parts.cpu, self._parts.io)
+            if pool is not None
+        )
+
+    def retire_busy_pools(self) -> None:
+        """Replace the pools that still run jobs of an abandoned epoch.
+
+        A dataset call that never returns holds its thread for good; the next epoch gets fresh
+        threads instead of queueing behind it. The old threads exit when their call returns.
+        """
+        parts = self._parts
+        if parts.cpu is not None and parts.cpu.busy:
+            parts.cpu.shutdown(wait=False)
+            parts.cpu = None
+        if parts.io is not None and parts.io.busy:
+            parts.io.shutdown(wait=False)
+            parts.io = None
 
     def close(self) -> None:
         """Stop the loop thread and the pools, joining their threads (bounded)."""

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 import uvloop
-from pytest import Config, Item
 
 
 def _debug_loop() -> asyncio.AbstractEventLoop:
@@ -18,7 +17,7 @@ def _debug_loop() -> asyncio.AbstractEventLoop:
 
 
 def pytest_asyncio_loop_factories(
-    config: Config, item: Item
+    config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run each async test under asyncio's default loop (debug) and uvloop."""
     return {"asyncio": _debug_loop, "uvloop": uvloop.new_event_loop}

@@ -100,3 +100,13 @@ class AsyncData:
 
 class Boom(Exception):
     """The failure the test datasets raise on purpose."""
+
+
+async def eventually(predicate: Any, timeout: float = 10.0) -> None:
+    """Wait, yielding to the loop, until ``predicate()`` holds; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for _ in iter(int, 1):
+        if predicate():
+            return
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)

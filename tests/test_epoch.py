@@ -167,7 +167,7 @@ def test_a_stalled_consumer_bounds_the_batches_started(
                 next(iterator)
             # The consumer stalls here until the pipeline is full: exactly the window ahead.
             full = min(taken + window - 1, 49)
-            probe.wait_for(lambda f=full: highest_batch_started() >= f)  # type: ignore[misc]
+            probe.wait_for(lambda f=full: highest_batch_started() >= f)
             assert highest_batch_started() == full
         rest: list[Any] = list(iterator)
     assert not violations, violations
@@ -208,4 +208,5 @@ def test_a_transform_gets_the_index_and_runs_off_the_consumer_thread() -> None:
     ) as loader:
         for batch in loader:
             assert (batch[:, 1] == batch[:, 0] * 10).all()
-    assert threads and all(name.startswith("asyncloader-cpu") for name in threads)
+    assert threads
+    assert all(name.startswith("asyncloader-cpu") for name in threads)

@@ -1,0 +1,272 @@
+"""Every row of the failure table: a batch's error at its turn, then the next batch."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader
+
+from .datasets import AsyncData, Boom, SyncData
+
+# (kind, num_workers, item_concurrency): the direct path, lanes without workers, workers with
+# whole-batch calls, workers with lanes; sync and async datasets.
+PATHS = [
+    ("sync", 0, 1),
+    ("sync", 0, 3),
+    ("sync", 2, 1),
+    ("sync", 2, 3),
+    ("async", 0, 1),
+    ("async", 2, 3),
+]
+
+
+def _dataset(kind: str, n: int) -> SyncData | AsyncData:
+    return SyncData(n) if kind == "sync" else AsyncData(n)
+
+
+def _collect_sync(loader: DataLoader) -> list[Any]:
+    """Every batch or the exception raised in its place; iteration goes on after errors."""
+    out: list[Any] = []
+    iterator: Iterator[Any] = iter(loader)
+    while True:
+        try:
+            out.append(next(iterator).tolist())
+        except StopIteration:
+            return out
+        except Exception as error:
+            out.append(error)
+
+
+async def _collect_async(loader: DataLoader) -> list[Any]:
+    out: list[Any] = []
+    iterator = aiter(loader)
+    while True:
+        try:
+            out.append((await anext(iterator)).tolist())
+        except StopAsyncIteration:
+            return out
+        except Exception as error:
+            out.append(error)
+
+
+def _check_failed_batch(out: list[Any], failed: int, error_type: type[BaseException]) -> None:
+    assert len(out) == 5
+    for position, value in enumerate(out):
+        if position == failed:
+            assert type(value) is error_type, value
+        else:
+            assert value == list(range(position * 4, position * 4 + 4))
+
+
+@pytest.mark.parametrize(("kind", "num_workers", "item_concurrency"), PATHS)
+def test_dataset_error_fails_its_batch_only(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    data = _dataset(kind, 20)
+    data.fail_at = {9}
+    with DataLoader(
+        data, batch_size=4, num_workers=num_workers, item_concurrency=item_concurrency
+    ) as loader:
+        out = _collect_sync(loader)
+        _check_failed_batch(out, 2, Boom)
+        # The original traceback is kept: it reaches into the dataset's own code.
+        frames = traceback.extract_tb(out[2].__traceback__)
+        assert any(frame.name == "__getitem__" for frame in frames)
+        # The loader is usable for the next epoch, which is whole once the fault is gone.
+        data.fail_at = set()
+        assert len(_collect_sync(loader)) == 5
+
+
+@pytest.mark.parametrize(("kind", "num_workers", "item_concurrency"), PATHS)
+async def test_dataset_error_fails_its_batch_only_async(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    data = _dataset(kind, 20)
+    data.fail_at = {0, 19}
+    async with DataLoader(
+        data, batch_size=4, num_workers=num_workers, item_concurrency=item_concurrency
+    ) as loader:
+        out = await _collect_async(loader)
+    assert isinstance(out[0], Boom)
+    assert isinstance(out[4], Boom)
+    assert out[1:4] == [list(range(i, i + 4)) for i in (4, 8, 12)]
+
+
+def _failing_transform(index: int, item: int) -> int:
+    if index == 5:
+        raise KeyError("bad transform")
+    return item
+
+
+def _failing_collate(items: list[int]) -> Any:
+    if 13 in items:
+        raise ZeroDivisionError("bad collate")
+    from asyncloader import default_collate
+
+    return default_collate(items)
+
+
+@pytest.mark.parametrize(("kind", "num_workers", "item_concurrency"), PATHS)
+@pytest.mark.parametrize(
+    ("setting", "failed", "error_type"),
+    [
+        ({"transform": _failing_transform}, 1, KeyError),
+        ({"collate_fn": _failing_collate}, 3, ZeroDivisionError),
+    ],
+)
+def test_transform_and_collate_errors_fail_their_batch(
+    kind: str,
+    num_workers: int,
+    item_concurrency: int,
+    setting: dict[str, Any],
+    failed: int,
+    error_type: type[BaseException],
+) -> None:
+    with DataLoader(
+        _dataset(kind, 20),
+        batch_size=4,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+        **setting,
+    ) as loader:
+        _check_failed_batch(_collect_sync(loader), failed, error_type)
+
+
+class _RaisingSampler:
+    def __iter__(self) -> Iterator[int]:
+        yield 0
+        raise Boom("sampler")
+
+    def __len__(self) -> int:
+        return 2
+
+
+class _RaisingLen(SyncData):
+    def __len__(self) -> int:
+        raise Boom("len")
+
+
+def test_a_raising_sampler_raises_from_iter() -> None:
+    loader = DataLoader(SyncData(10), sampler=_RaisingSampler(), num_workers=1)
+    with pytest.raises(Boom, match="sampler"):
+        iter(loader)
+    loader.close()
+
+
+def test_a_raising_len_raises_from_iter_and_len() -> None:
+    loader = DataLoader(_RaisingLen(10))
+    with pytest.raises(Boom, match="len"):
+        iter(loader)
+    with pytest.raises(Boom, match="len"):
+        len(loader)
+
+
+def test_a_non_integer_index_from_the_sampler_raises_from_iter() -> None:
+    loader = DataLoader(SyncData(10), sampler=[0, 1.5])
+    with pytest.raises(TypeError, match=r"1\.5.*position 1"):
+        iter(loader)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 1), (1, 4)])
+def test_an_out_of_range_index_fails_its_batch(num_workers: int, item_concurrency: int) -> None:
+    with DataLoader(
+        SyncData(4),
+        batch_size=2,
+        sampler=[0, 1, 2, 99],
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        out = _collect_sync(loader)
+    assert out[0] == [0, 1]
+    assert isinstance(out[1], IndexError)
+
+
+class _SyncReturningCoroutine:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> Any:
+        async def item() -> int:
+            return index
+
+        return item()
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (1, 1), (1, 2)])
+def test_sync_getitem_returning_a_coroutine_fails_clearly(
+    num_workers: int, item_concurrency: int
+) -> None:
+    # filterwarnings=error: a coroutine left unawaited would fail this test at collection.
+    with DataLoader(
+        _SyncReturningCoroutine(),
+        batch_size=2,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        out = _collect_sync(loader)
+    assert len(out) == 2
+    for error in out:
+        assert isinstance(error, TypeError)
+        assert "async def" in str(error)
+
+
+class _WrongCount(SyncData):
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return indices[:-1] if 4 in indices else indices
+
+
+class _AsyncWrongCount(AsyncData):
+    async def __getitems__(self, indices: list[int]) -> list[int]:
+        return [*indices, 0] if 4 in indices else indices
+
+
+@pytest.mark.parametrize("dataset", [_WrongCount(8), _AsyncWrongCount(8)])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_getitems_returning_the_wrong_count_fails_the_batch(dataset: Any, num_workers: int) -> None:
+    with DataLoader(dataset, batch_size=4, num_workers=num_workers) as loader:
+        out = _collect_sync(loader)
+    assert out[0] == [0, 1, 2, 3]
+    assert isinstance(out[1], ValueError)
+    assert "__getitems__ returned" in str(out[1])
+
+
+class _Mixed:
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    async def __getitems__(self, indices: list[int]) -> list[int]:
+        return indices
+
+
+class _NoLen:
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def test_datasets_that_mix_sync_and_async_or_lack_len_are_refused() -> None:
+    with pytest.raises(TypeError, match="mixes sync and async"):
+        DataLoader(_Mixed())
+    with pytest.raises(TypeError, match="__len__"):
+        DataLoader(_NoLen())
+
+
+def test_len_follows_pytorch_for_every_drop_last_and_batch_size() -> None:
+    for n in (0, 1, 7, 8, 9, 64):
+        for batch_size in (1, 3, 8, 100):
+            for drop_last in (False, True):
+                loader = DataLoader(SyncData(n), batch_size=batch_size, drop_last=drop_last)
+                expected = n // batch_size if drop_last else -(-n // batch_size)
+                assert len(loader) == expected == len(list(loader))
+
+
+def test_len_without_a_sampler_len_raises_type_error() -> None:
+    loader = DataLoader(SyncData(5), sampler=iter([0, 1]))
+    with pytest.raises(TypeError, match="no len"):
+        len(loader)

@@ -1,0 +1,194 @@
+"""Early exits, closing, threads, time-outs: the loader never leaks, hangs or loses a batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import threading
+import weakref
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader
+
+from .conftest import loader_threads
+from .datasets import AsyncData, SyncData, eventually
+
+
+class _Blocking(SyncData):
+    """Items of index >= ``block_from`` wait for ``release``; counts calls that are running."""
+
+    def __init__(self, n: int, block_from: int) -> None:
+        super().__init__(n)
+        self.block_from = block_from
+        self.release = threading.Event()
+
+    def __getitem__(self, index: int) -> int:
+        self.probe.enter(index)
+        try:
+            if index >= self.block_from:
+                self.release.wait(2.0)
+            return index
+        finally:
+            self.probe.leave()
+
+
+@pytest.mark.parametrize("how", ["break", "close", "del"])
+def test_an_abandoned_sync_epoch_stops_touching_the_dataset(how: str) -> None:
+    data = _Blocking(100, block_from=8)
+    with DataLoader(data, batch_size=4, num_workers=3, item_concurrency=2) as loader:
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1, 2, 3]
+        data.probe.wait_for(lambda: data.probe.in_flight > 0)
+        threading.Timer(0.3, data.release.set).start()
+        if how == "close":
+            iterator.close()  # type: ignore[attr-defined]
+        elif how == "del":
+            del iterator
+            gc.collect()
+        else:
+            for _ in iterator:
+                break
+            del iterator
+        # Once the drop returns, nothing runs the dataset's code any more.
+        assert data.probe.in_flight == 0
+        started = len(data.probe.started)
+        # The loader is usable for the next epoch.
+        data.block_from = 1000
+        assert len(list(loader)) == 25
+    assert started < 100
+
+
+@pytest.mark.parametrize("how", ["break", "aclose", "cancel"])
+async def test_an_abandoned_async_epoch_cancels_requests_in_flight(how: str) -> None:
+    data = AsyncData(1000, delay=30.0)  # items that would take seconds: must be cancelled
+    loader = DataLoader(data, batch_size=4, num_workers=4, item_concurrency=4)
+    fast = AsyncData(8)
+    loader_fast = DataLoader(fast, batch_size=4)
+
+    async def consume() -> None:
+        async for _ in loader:
+            pass
+
+    iterator = aiter(loader)
+    first = asyncio.ensure_future(anext(iterator))
+    await eventually(lambda: data.probe.in_flight >= 16)
+    if how == "cancel":
+        consumer = asyncio.ensure_future(consume())
+        first.cancel()
+        await eventually(lambda: data.probe.in_flight >= 32)
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        await iterator.aclose()  # type: ignore[attr-defined]
+    else:
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        del first  # its coroutine refers to the iterator
+        if how == "aclose":
+            await iterator.aclose()  # type: ignore[attr-defined]
+        else:
+            del iterator
+            gc.collect()
+    await eventually(lambda: data.probe.in_flight == 0)
+    assert data.probe.cancelled == len(data.probe.started)
+    assert [b.tolist() async for b in loader_fast] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    await loader.aclose()
+    await loader_fast.aclose()
+    assert data.closed
+    assert fast.closed
+
+
+def test_close_releases_threads_and_thread_count_stays_constant(no_leaked_threads: None) -> None:
+    baseline = len(threading.enumerate())
+    loader = DataLoader(
+        AsyncData(40), batch_size=4, num_workers=2, item_concurrency=2, transform=lambda i, x: x
+    )
+    counts = set()
+    for _ in range(50):
+        assert sum(len(batch) for batch in loader) == 40
+        counts.add(len(threading.enumerate()))
+    assert len(counts) == 1
+    loader.close()
+    assert len(threading.enumerate()) == baseline
+    loader.close()  # idempotent
+
+
+def test_with_releases_threads_of_a_sync_loader(no_leaked_threads: None) -> None:
+    with DataLoader(SyncData(40), batch_size=4, num_workers=2) as loader:
+        assert len(list(loader)) == 10
+        assert loader_threads()
+
+
+def test_close_awaits_an_async_datasets_aclose() -> None:
+    data = AsyncData(8)
+    with DataLoader(data, batch_size=4, num_workers=1) as loader:
+        assert len(list(loader)) == 2
+    assert data.closed
+
+
+def test_a_loader_dropped_while_its_iterator_lives_is_fine() -> None:
+    loader = DataLoader(SyncData(40), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    first = next(iterator)
+    ref = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert ref() is None
+    rest = list(iterator)
+    assert first.tolist() == [0, 1, 2, 3]
+    assert len(rest) == 9
+
+
+def test_a_forgotten_loader_stops_its_threads(no_leaked_threads: None) -> None:
+    loader = DataLoader(AsyncData(8), batch_size=4, num_workers=2)
+    assert len(list(loader)) == 2
+    del loader
+    gc.collect()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_timeout_raises_and_the_epoch_goes_on(kind: str) -> None:
+    release = threading.Event()
+
+    class Slow(SyncData):
+        def __getitem__(self, index: int) -> int:
+            if index == 4:
+                release.wait(5.0)
+            return index
+
+    class SlowAsync(AsyncData):
+        async def __getitem__(self, index: int) -> int:
+            if index == 4:
+                await eventually(release.is_set)
+            return index
+
+    data: Any = Slow(8) if kind == "sync" else SlowAsync(8)
+    with DataLoader(data, batch_size=4, num_workers=1, timeout=0.05) as loader:
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1, 2, 3]
+        with pytest.raises(TimeoutError, match=r"timeout=0\.05"):
+            next(iterator)
+        release.set()
+        assert next(iterator).tolist() == [4, 5, 6, 7]
+
+
+async def test_async_timeout_raises() -> None:
+    data = AsyncData(8, delay=0.0)
+    gate = asyncio.Event()
+
+    class Gated(AsyncData):
+        async def __getitem__(self, index: int) -> int:
+            await gate.wait()
+            return index
+
+    async with DataLoader(Gated(4), batch_size=4, timeout=0.05) as loader:
+        iterator = aiter(loader)
+        with pytest.raises(TimeoutError):
+            await anext(iterator)
+        gate.set()
+        assert (await anext(iterator)).tolist() == [0, 1, 2, 3]
+    assert len(data) == 8

@@ -1,0 +1,135 @@
+"""fork(), Ctrl-C and interpreter exit, each in a child process of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = """
+import asyncio, os, sys, threading, time
+import numpy as np
+from asyncloader import DataLoader
+
+class Data:
+    def __init__(self, n): self.n = n
+    def __len__(self): return self.n
+    def __getitem__(self, i): return i
+
+class AsyncData(Data):
+    async def __getitem__(self, i):
+        await asyncio.sleep(0)
+        return i
+
+class Forever(Data):
+    def __getitem__(self, i):
+        if i >= 4:
+            threading.Event().wait()  # never returns
+        return i
+"""
+
+
+def _run(script: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-X", "dev", "-c", PRELUDE + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize("kind", ["Data", "AsyncData"])
+def test_a_forked_child_runs_a_whole_epoch_while_the_parent_goes_on(kind: str) -> None:
+    result = _run(
+        f"""
+        loader = DataLoader({kind}(100), batch_size=10, num_workers=2, item_concurrency=2)
+        it = iter(loader)
+        first = next(it)
+        pid = os.fork()
+        if pid == 0:
+            got = [b.tolist() for b in loader]
+            ok = got == [list(range(i, i + 10)) for i in range(0, 100, 10)]
+            os._exit(0 if ok else 3)
+        rest = [b.tolist() for b in it]
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        assert first.tolist() == list(range(10)) and len(rest) == 9
+        assert len(list(loader)) == 10
+        loader.close()
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    assert "Warning" not in result.stderr, result.stderr
+
+
+def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            PRELUDE
+            + textwrap.dedent(
+                """
+                loader = DataLoader(Forever(8), batch_size=4, num_workers=1)
+                it = iter(loader)
+                next(it)
+                print("waiting", flush=True)
+                try:
+                    next(it)
+                except KeyboardInterrupt:
+                    print("interrupted", flush=True)
+                loader.dataset.n = 4
+                print(len(list(loader)), flush=True)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "waiting"
+    child.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert child.stdout.readline().strip() == "interrupted"
+    latency = time.monotonic() - sent
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert out.strip() == "1"
+    # Not a speed claim: a generous bound that only a blocked, signal-deaf wait would miss.
+    assert latency < 2.0, latency
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "loader = DataLoader(Data(100), batch_size=4, num_workers=2); it = iter(loader); next(it)",
+        "loader = DataLoader(AsyncData(100), batch_size=4, num_workers=2, item_concurrency=4)\n"
+        "it = iter(loader); next(it)",
+        "loader = DataLoader(Forever(100), batch_size=4, num_workers=2, item_concurrency=2)\n"
+        "it = iter(loader); next(it)",
+        "async def main():\n"
+        "    global it\n"
+        "    loader = DataLoader(AsyncData(100), batch_size=4, num_workers=2)\n"
+        "    it = aiter(loader); await anext(it)\n"
+        "asyncio.run(main())",
+    ],
+    ids=["sync-workers", "async-dataset", "blocked-forever", "async-for"],
+)
+def test_exit_with_live_loaders_and_iterators_is_prompt_and_clean(setup: str) -> None:
+    result = _run(setup + "\nprint('done')\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "was destroyed but it is pending" not in result.stderr, result.stderr
