@@ -57,7 +57,7 @@ class Work:
 
     async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the CPU pool."""
-        return await asyncio.wrap_future(self.cpu.submit(fn, *args))
+        return await self.cpu.run(fn, *args)
 
 
 async def _fetch_by_lanes(work: Work, indices: list[int]) -> list[Any]:

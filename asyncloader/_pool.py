@@ -5,20 +5,25 @@
 started lazily up to ``max_threads``, hold no reference to the pool (so a forgotten pool is
 collected), and can be waited on until idle, which is how an abandoned epoch proves that no
 thread still runs the user's code.
+
+Results go straight to an asyncio future through ``call_soon_threadsafe``: one hop, no
+``concurrent.futures.Future`` to chain, and a result that arrives after its loop closed (an
+epoch cut off at exit) is dropped quietly instead of raising in the pool thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
 from queue import SimpleQueue
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None
+_Job = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future[Any]]
 
 
 class _Counter:
@@ -35,29 +40,40 @@ class _Counter:
                 self.idle.notify_all()
 
 
-def _work(jobs: SimpleQueue[_Job], ready: threading.Semaphore, counter: _Counter) -> None:
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled while the job ran
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+def _work(jobs: SimpleQueue[_Job | None], ready: threading.Semaphore, counter: _Counter) -> None:
     while True:
         job = jobs.get()
         if job is None:
             return
-        future, fn, args = job
+        fn, args, loop, future = job
         del job  # so the user's objects are not kept alive by an idle thread
-        if future.set_running_or_notify_cancel():
+        if not future.cancelled():  # a cancelled epoch's queued jobs are skipped
+            result: Any = None
+            error: BaseException | None = None
             try:
                 result = fn(*args)
-            except BaseException as error:
-                future.set_exception(error)
-                del error
-            else:
-                future.set_result(result)
-                del result
-        del future, fn, args
+            except BaseException as caught:
+                error = caught
+            # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, future, result, error)
+            del result, error
+        del fn, args, loop, future
         counter.add(-1)
         ready.release()
 
 
-class ThreadPool(Executor):
-    """An executor of up to ``max_threads`` daemon threads named ``{name}-N``.
+class ThreadPool:
+    """Up to ``max_threads`` daemon threads named ``{name}-N`` that run jobs for asyncio.
 
     Args:
         max_threads: The most threads it starts.
@@ -68,26 +84,25 @@ class ThreadPool(Executor):
         self.max_threads = max_threads
         self.name = name
         self.pid = os.getpid()
-        self._jobs: SimpleQueue[_Job] = SimpleQueue()
+        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._ready = threading.Semaphore(0)
         self._counter = _Counter()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Run ``fn(*args)`` on a pool thread and return its future."""
-        if kwargs:
-            raise TypeError("ThreadPool.submit takes positional arguments only")
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on a pool thread; cancelling the caller skips a job not yet begun."""
         if self._closed:
             raise RuntimeError(f"{self.name} pool is shut down")
-        future: Future[T] = Future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         self._counter.add(1)
-        self._jobs.put((future, fn, args))
+        self._jobs.put((fn, args, loop, future))
         # A thread that finished a job released `_ready`: reuse it before starting another.
         if not self._ready.acquire(blocking=False):
             self._start_thread()
-        return future
+        return await future
 
     def _start_thread(self) -> None:
         with self._lock:
@@ -112,7 +127,7 @@ class ThreadPool(Executor):
         with self._counter.idle:
             return self._counter.idle.wait_for(lambda: self._counter.busy == 0, timeout)
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True) -> None:
         """Stop the threads once their queued jobs are done; with ``wait``, join them (bounded).
 
         Joining is skipped in a forked child (the threads are not there), while the

@@ -7,9 +7,8 @@ lacking ``__len__`` or ``__getitem__``, is refused when the loader is built.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ._pool import ThreadPool
@@ -103,15 +102,10 @@ class Source:
         self.fetches_whole_batches = io is not None or hasattr(dataset, "__getitems__")
         """Whether one call fetches a batch (so ``item_concurrency == 1`` makes one call)."""
 
-    async def _hop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        assert self.io is not None
-        return await asyncio.wrap_future(self.io.submit(fn, *args))
-
     async def get_batch(self, indices: Sequence[int]) -> list[Any]:
         """All the items of a batch, in one call (requires :attr:`fetches_whole_batches`)."""
         if self.io is not None:
-            result: list[Any] = await self._hop(fetch_batch, self.dataset, indices)
-            return result
+            return await self.io.run(fetch_batch, self.dataset, indices)
         items = list(await self.dataset.__getitems__(list(indices)))
         check_count(items, indices)
         return items
@@ -119,5 +113,5 @@ class Source:
     async def get(self, index: int) -> Any:
         """One item."""
         if self.io is not None:
-            return await self._hop(fetch_item, self.dataset, index)
+            return await self.io.run(fetch_item, self.dataset, index)
         return await self.dataset.__getitem__(index)
