@@ -83,8 +83,8 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
                 loader = DataLoader(Forever(8), batch_size=4, num_workers=1)
                 it = iter(loader)
                 next(it)
-                print("waiting", flush=True)
                 try:
+                    print("waiting", flush=True)
                     next(it)
                 except KeyboardInterrupt:
                     print("interrupted", flush=True)
