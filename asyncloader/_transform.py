@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-Transform = Callable[[int, Any], Any]
-"""A per-item transform: called with the item's dataset index and the item."""
+
+class Transform(Protocol):
+    """A per-item transform: any callable ``f(index, item) -> item``.
+
+    It gets the item's dataset index (whatever order the sampler chose), so it can look up
+    per-item information the dataset does not return, or seed per-item randomness.
+    """
+
+    def __call__(self, index: int, item: Any, /) -> Any:
+        """Return the transformed item."""
 
 
 class Compose:

@@ -1,0 +1,109 @@
+"""default_collate: NumPy first, recursive, torch when the items are tensors."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+from asyncloader import Compose, DataLoader, default_collate
+
+from .datasets import SyncData
+
+
+class Pair(NamedTuple):
+    x: int
+    name: str
+
+
+def test_numbers_and_arrays_are_stacked() -> None:
+    assert default_collate([1, 2, 3]).tolist() == [1, 2, 3]
+    assert default_collate([1.5, 2.0]).dtype == np.float64
+    stacked = default_collate([np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)])
+    assert stacked.shape == (2, 2, 3)
+    assert stacked.dtype == np.float32
+
+
+def test_containers_are_collated_per_field() -> None:
+    batch = default_collate(
+        [{"x": np.arange(2), "label": 1, "path": "a"}, {"x": np.arange(2), "label": 0, "path": "b"}]
+    )
+    assert batch["x"].shape == (2, 2)
+    assert batch["label"].tolist() == [1, 0]
+    assert batch["path"] == ["a", "b"]
+    assert default_collate([(1, b"x"), (2, b"y")]) == (
+        pytest.approx(np.array([1, 2])),
+        [b"x", b"y"],
+    )
+    as_list = default_collate([[1, 2], [3, 4]])
+    assert isinstance(as_list, list)
+    assert [v.tolist() for v in as_list] == [[1, 3], [2, 4]]
+    pair: Any = default_collate([Pair(1, "a"), Pair(2, "b")])
+    assert type(pair) is Pair
+    assert pair.x.tolist() == [1, 2]
+    assert pair.name == ["a", "b"]
+
+
+def test_bad_batches_raise_clearly() -> None:
+    with pytest.raises(ValueError, match="different shapes"):
+        default_collate([np.zeros(2), np.zeros(3)])
+    with pytest.raises(TypeError, match="collate_fn=list"):
+        default_collate([object()])
+    with pytest.raises(TypeError, match="mixes dicts"):
+        default_collate([{"a": 1}, 2])
+    with pytest.raises(TypeError, match="sequence of 2 fields"):
+        default_collate([(1, 2), (1,)])
+    assert default_collate([]) == []
+
+
+def test_tensors_are_stacked_with_torch() -> None:
+    batch = default_collate([torch.ones(2), torch.zeros(2)])
+    assert isinstance(batch, torch.Tensor)
+    assert batch.shape == (2, 2)
+
+
+class TorchStyle(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """An unmodified torch map-style dataset."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3,), float(index)), index % 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_torch_dataset_works_unchanged_and_matches_torchs_loader(num_workers: int) -> None:
+    ours = list(DataLoader(TorchStyle(), batch_size=4, num_workers=num_workers))
+    theirs = list(torch.utils.data.DataLoader(TorchStyle(), batch_size=4))
+    assert len(ours) == len(theirs) == 3
+    for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
+        assert torch.equal(x, tx)
+        assert y.tolist() == ty.tolist()
+
+
+def test_torch_tensor_dataset_with_getitems() -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    batches = list(DataLoader(data, batch_size=5, collate_fn=list))
+    assert len(batches) == 2
+    assert len(batches[0]) == 5
+
+
+def test_collate_fn_list_keeps_items_and_compose_chains_transforms() -> None:
+    double = Compose([lambda i, x: x * 2, lambda i, x: (i, x)])
+    with DataLoader(SyncData(5), batch_size=5, transform=double, collate_fn=list) as loader:
+        assert next(iter(loader)) == [(i, 2 * i) for i in range(5)]
+    with pytest.raises(TypeError, match="not callable"):
+        Compose([1])  # type: ignore[list-item]
+    assert "Compose" in repr(double)
+
+
+def test_default_collate_of_bytes_keeps_a_list() -> None:
+    class Blobs(SyncData):
+        def __getitem__(self, index: int) -> Any:
+            return bytes([index])
+
+    with DataLoader(Blobs(3), batch_size=3, num_workers=1) as loader:
+        assert next(iter(loader)) == [b"\x00", b"\x01", b"\x02"]

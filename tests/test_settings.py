@@ -1,0 +1,99 @@
+"""Invalid settings fail at construction, naming the setting and the value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncloader import DataLoader, RandomSampler
+
+from .datasets import SyncData
+
+BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"batch_size": 0}, ValueError, "batch_size"),
+    ({"batch_size": 2.5}, TypeError, "batch_size"),
+    ({"batch_size": True}, TypeError, "batch_size"),
+    ({"num_workers": -1}, ValueError, "num_workers"),
+    ({"item_concurrency": 0}, ValueError, "item_concurrency"),
+    ({"prefetch_depth": 0}, ValueError, "prefetch_depth"),
+    ({"cpu_threads": 0}, ValueError, "cpu_threads"),
+    ({"timeout": 0}, ValueError, "timeout"),
+    ({"timeout": float("nan")}, ValueError, "timeout"),
+    ({"timeout": "1"}, TypeError, "timeout"),
+    ({"drop_last": 1}, TypeError, "drop_last"),
+    ({"shuffle": "yes"}, TypeError, "shuffle"),
+    ({"pin_memory": None}, TypeError, "pin_memory"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"transform": 3}, TypeError, "transform"),
+    ({"collate_fn": "list"}, TypeError, "collate_fn"),
+    ({"sampler": 5}, TypeError, "sampler"),
+    ({"sampler": [0], "shuffle": True}, ValueError, "sampler"),
+]
+
+
+@pytest.mark.parametrize(("settings", "error", "name"), BAD)
+def test_each_invalid_setting_is_named(
+    settings: dict[str, Any], error: type[Exception], name: str
+) -> None:
+    with pytest.raises(error, match=name) as caught:
+        DataLoader(SyncData(4), **settings)
+    value = next(iter(settings.values()))
+    assert repr(value) in str(caught.value) or name == "sampler"
+
+
+@given(
+    st.sampled_from(["batch_size", "num_workers", "item_concurrency", "prefetch_depth"]),
+    st.one_of(st.integers(max_value=-1), st.floats(), st.text(max_size=3), st.none()),
+)
+def test_any_invalid_count_fails_at_construction(name: str, value: object) -> None:
+    settings: dict[str, Any] = {name: value}
+    with pytest.raises((ValueError, TypeError), match=name):
+        DataLoader(SyncData(4), **settings)
+
+
+def test_valid_settings_are_kept() -> None:
+    loader = DataLoader(
+        SyncData(4),
+        batch_size=3,
+        num_workers=2,
+        item_concurrency=5,
+        prefetch_depth=4,
+        seed=9,
+        shuffle=True,
+    )
+    assert (loader.batch_size, loader.num_workers, loader.item_concurrency) == (3, 2, 5)
+    assert loader.prefetch_depth == 4
+    assert loader.seed == 9
+    assert isinstance(loader.sampler, RandomSampler)
+    assert "batch_size=3" in repr(loader)
+
+
+def test_shuffle_without_a_seed_draws_one_and_keeps_it() -> None:
+    loader = DataLoader(SyncData(40), batch_size=40, shuffle=True)
+    seed = loader.seed
+    first = next(iter(loader)).tolist()
+    again = DataLoader(SyncData(40), batch_size=40, shuffle=True, seed=seed)
+    assert next(iter(again)).tolist() == first
+
+
+def test_set_epoch_chooses_the_order() -> None:
+    loader = DataLoader(SyncData(30), batch_size=30, shuffle=True, seed=1)
+    epochs = [next(iter(loader)).tolist() for _ in range(3)]
+    assert loader.epoch == 3
+    loader.set_epoch(1)
+    assert next(iter(loader)).tolist() == epochs[1]
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)
+
+
+def test_pin_memory_without_cuda_warns_and_pins_nothing() -> None:
+    import torch
+
+    assert not torch.cuda.is_available()  # this machine: the warning path is the one to test
+    with pytest.warns(UserWarning, match="pin_memory"):
+        loader = DataLoader(SyncData(4), batch_size=2, pin_memory=True, num_workers=1)
+    with loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
