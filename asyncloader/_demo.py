@@ -1,0 +1,165 @@
+"""``python -m asyncloader demo``: stream an epoch from a local HTTP server it starts itself.
+
+The server (aiohttp on 127.0.0.1, on a thread of its own) serves synthetic samples with a few
+milliseconds of latency, like a nearby object store; the loader keeps many requests in flight
+on one event loop, decodes each sample on the CPU pool and collates batches in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ._loader import DataLoader
+
+SAMPLE_FLOATS = 1024
+"""Each sample is 1,024 float32 values (4 KiB)."""
+
+
+def sample(index: int) -> bytes:
+    """The bytes the server sends for sample ``index``: ``SAMPLE_FLOATS`` copies of ``index``."""
+    return np.full(SAMPLE_FLOATS, index, dtype=np.float32).tobytes()
+
+
+def _serve(latency_s: float, ready: Connection) -> None:
+    """The server process: aiohttp on 127.0.0.1, a free port sent back through ``ready``."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        await asyncio.sleep(latency_s)
+        return web.Response(body=sample(int(request.match_info["index"])))
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_get("/samples/{index}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        ready.send(runner.addresses[0][1])
+        await asyncio.Event().wait()  # until the parent terminates this process
+
+    asyncio.run(serve())
+
+
+@contextmanager
+def serve_samples(latency_s: float) -> Iterator[str]:
+    """Run a sample server in a process of its own (so it takes no CPU from the loader's
+    interpreter, as a real remote server would not); yield its base URL."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    server = context.Process(target=_serve, args=(latency_s, send), daemon=True)
+    server.start()
+    try:
+        if not receive.poll(60):
+            raise RuntimeError("the sample server did not start")
+        yield f"http://127.0.0.1:{receive.recv()}"
+    finally:
+        server.terminate()
+        server.join(timeout=10)
+        receive.close()
+        send.close()
+
+
+class HttpSamples:
+    """An async dataset of ``length`` samples under ``base_url`` (one aiohttp session per loop)."""
+
+    def __init__(self, base_url: str, length: int, connections: int) -> None:
+        self.base_url = base_url
+        self.length = length
+        self.connections = connections
+        self._session: Any = None
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    async def __getitem__(self, index: int) -> bytes:
+        import aiohttp
+
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.connections)
+            self._session = aiohttp.ClientSession(connector=connector)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            async with self._session.get(f"{self.base_url}/samples/{index}") as response:
+                response.raise_for_status()
+                body: bytes = await response.read()
+                return body
+        finally:
+            self.in_flight -= 1
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def decode(index: int, item: bytes) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """The demo's transform: bytes to a float32 vector."""
+    return np.frombuffer(item, dtype=np.float32)
+
+
+def run_demo(items: int, batch_size: int, in_flight: int, latency_s: float) -> dict[str, float]:
+    """Stream one epoch of ``items`` samples; print and return what was measured."""
+    from tqdm import tqdm
+
+    num_workers = 4
+    item_concurrency = max(1, in_flight // num_workers)
+    with serve_samples(latency_s) as url:
+        dataset = HttpSamples(url, items, connections=num_workers * item_concurrency)
+        with DataLoader(
+            dataset,
+            batch_size=batch_size,
+            transform=decode,
+            num_workers=num_workers,
+            item_concurrency=item_concurrency,
+        ) as loader:
+            start = time.perf_counter()
+            seen = 0
+            for batch in tqdm(loader, unit="batch", desc="epoch 0"):
+                # Each row holds its own index: a wrong order or a lost sample shows here.
+                expected = np.arange(seen, seen + len(batch), dtype=np.float32)
+                if not np.array_equal(batch[:, 0], expected):
+                    raise AssertionError(f"batch out of order at sample {seen}")
+                seen += len(batch)
+            elapsed = time.perf_counter() - start
+            print(end="", flush=True)
+    limit = num_workers * item_concurrency / latency_s
+    figures = {
+        "items": float(seen),
+        "items_per_s": seen / elapsed,
+        "batches_per_s": len(loader) / elapsed,
+        "peak_in_flight": float(dataset.peak_in_flight),
+        "limit_items_per_s": limit,
+    }
+    print(
+        f"\n{seen} items in {elapsed:.2f} s: {figures['items_per_s']:,.0f} items/s, "
+        f"{figures['batches_per_s']:,.1f} batches/s, "
+        f"{dataset.peak_in_flight} requests in flight at peak "
+        f"(limit {num_workers * item_concurrency} / {latency_s * 1000:.0f} ms "
+        f"= {limit:,.0f} items/s; {figures['items_per_s'] / limit:.0%} of it)"
+    )
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the demo's options and run it."""
+    parser = argparse.ArgumentParser(prog="asyncloader demo", description=__doc__)
+    parser.add_argument("--items", type=int, default=20_000, help="samples in the epoch")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--in-flight", type=int, default=64, help="requests in flight")
+    parser.add_argument("--latency-ms", type=float, default=5.0, help="server latency")
+    args = parser.parse_args(argv)
+    run_demo(args.items, args.batch_size, args.in_flight, args.latency_ms / 1000)
+    return 0
