@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,8 @@ def sample(index: int) -> bytes:
     return np.full(SAMPLE_FLOATS, index, dtype=np.float32).tobytes()
 
 
-def _serve(latency_s: float, ready: Connection) -> None:
-    """The server process: aiohttp on 127.0.0.1, a free port sent back through ``ready``."""
+def serve_forever(latency_s: float) -> None:
+    """The server process: aiohttp on 127.0.0.1; prints its port, serves until killed."""
     from aiohttp import web
 
     async def handle(request: web.Request) -> web.Response:
@@ -44,7 +44,7 @@ def _serve(latency_s: float, ready: Connection) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
         await site.start()
-        ready.send(runner.addresses[0][1])
+        print(runner.addresses[0][1], flush=True)
         await asyncio.Event().wait()  # until the parent terminates this process
 
     asyncio.run(serve())
@@ -54,19 +54,19 @@ def _serve(latency_s: float, ready: Connection) -> None:
 def serve_samples(latency_s: float) -> Iterator[str]:
     """Run a sample server in a process of its own (so it takes no CPU from the loader's
     interpreter, as a real remote server would not); yield its base URL."""
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    server = context.Process(target=_serve, args=(latency_s, send), daemon=True)
-    server.start()
+    code = f"from asyncloader._demo import serve_forever; serve_forever({latency_s!r})"
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        if not receive.poll(60):
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        if not port.isdigit():
             raise RuntimeError("the sample server did not start")
-        yield f"http://127.0.0.1:{receive.recv()}"
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
-        server.join(timeout=10)
-        receive.close()
-        send.close()
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 class HttpSamples:
