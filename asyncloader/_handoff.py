@@ -105,7 +105,11 @@ class ThreadHandoff:
                 value = self._ready.get(timeout=wait)
                 break
             except Empty:
-                continue
+                if self._loop.is_closed():
+                    raise RuntimeError(
+                        "the loader's event loop stopped before the epoch ended "
+                        "(the loader was closed while this iterator was in use)"
+                    ) from None
         if value is not END:
             # RuntimeError: the loop is gone, so nobody waits for the permit.
             with contextlib.suppress(RuntimeError):

@@ -6,7 +6,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-import torch
 
 from asyncloader import Compose, DataLoader, default_collate
 
@@ -57,39 +56,6 @@ def test_bad_batches_raise_clearly() -> None:
     with pytest.raises(TypeError, match="sequence of 2 fields"):
         default_collate([(1, 2), (1,)])
     assert default_collate([]) == []
-
-
-def test_tensors_are_stacked_with_torch() -> None:
-    batch = default_collate([torch.ones(2), torch.zeros(2)])
-    assert isinstance(batch, torch.Tensor)
-    assert batch.shape == (2, 2)
-
-
-class TorchStyle(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
-    """An unmodified torch map-style dataset."""
-
-    def __len__(self) -> int:
-        return 10
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return torch.full((3,), float(index)), index % 2
-
-
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_torch_dataset_works_unchanged_and_matches_torchs_loader(num_workers: int) -> None:
-    ours = list(DataLoader(TorchStyle(), batch_size=4, num_workers=num_workers))
-    theirs = list(torch.utils.data.DataLoader(TorchStyle(), batch_size=4))
-    assert len(ours) == len(theirs) == 3
-    for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
-        assert torch.equal(x, tx)
-        assert y.tolist() == ty.tolist()
-
-
-def test_torch_tensor_dataset_with_getitems() -> None:
-    data = torch.utils.data.TensorDataset(torch.arange(10.0))
-    batches = list(DataLoader(data, batch_size=5, collate_fn=list))
-    assert len(batches) == 2
-    assert len(batches[0]) == 5
 
 
 def test_collate_fn_list_keeps_items_and_compose_chains_transforms() -> None:

@@ -192,3 +192,13 @@ async def test_async_timeout_raises() -> None:
         gate.set()
         assert (await anext(iterator)).tolist() == [0, 1, 2, 3]
     assert len(data) == 8
+
+
+def test_closing_the_loader_under_a_live_iterator_fails_it_instead_of_hanging() -> None:
+    loader = DataLoader(AsyncData(400, delay=0.01), batch_size=4, num_workers=1)
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        for _ in iterator:
+            pass

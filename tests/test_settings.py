@@ -87,13 +87,3 @@ def test_set_epoch_chooses_the_order() -> None:
     assert next(iter(loader)).tolist() == epochs[1]
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
-
-
-def test_pin_memory_without_cuda_warns_and_pins_nothing() -> None:
-    import torch
-
-    assert not torch.cuda.is_available()  # this machine: the warning path is the one to test
-    with pytest.warns(UserWarning, match="pin_memory"):
-        loader = DataLoader(SyncData(4), batch_size=2, pin_memory=True, num_workers=1)
-    with loader:
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]

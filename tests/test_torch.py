@@ -1,0 +1,55 @@
+"""Torch users: their datasets, their tensors and pin_memory work as they expect.
+
+torch is optional for users and pinned (torch==2.13.0) for the tests; its CPU wheel exists on
+this project's machines for Python 3.11 only, the version CI runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncloader import DataLoader, default_collate
+
+from .datasets import SyncData
+
+
+def test_tensors_are_stacked_with_torch() -> None:
+    batch = default_collate([torch.ones(2), torch.zeros(2)])
+    assert isinstance(batch, torch.Tensor)
+    assert batch.shape == (2, 2)
+
+
+class TorchStyle(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """An unmodified torch map-style dataset."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3,), float(index)), index % 2
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_torch_dataset_works_unchanged_and_matches_torchs_loader(num_workers: int) -> None:
+    ours = list(DataLoader(TorchStyle(), batch_size=4, num_workers=num_workers))
+    theirs = list(torch.utils.data.DataLoader(TorchStyle(), batch_size=4))
+    assert len(ours) == len(theirs) == 3
+    for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
+        assert torch.equal(x, tx)
+        assert y.tolist() == ty.tolist()
+
+
+def test_torch_tensor_dataset_with_getitems() -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    batches = list(DataLoader(data, batch_size=5, collate_fn=list))
+    assert len(batches) == 2
+    assert len(batches[0]) == 5
+
+
+def test_pin_memory_without_cuda_warns_and_pins_nothing() -> None:
+    assert not torch.cuda.is_available()  # this machine: the warning path is the one to test
+    with pytest.warns(UserWarning, match="pin_memory"):
+        loader = DataLoader(SyncData(4), batch_size=2, pin_memory=True, num_workers=1)
+    with loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
