@@ -127,6 +127,9 @@ class ThreadedIterator:
         except KeyboardInterrupt:
             self._cancel(wait=False)  # Ctrl-C: cancel without the bounded wait
             raise
+        except RuntimeError:  # the loop is gone: this epoch can never go on
+            self._open = False
+            raise
         if value is END:
             self._open = False
             raise StopIteration
@@ -141,7 +144,7 @@ class ThreadedIterator:
         if not self._open:
             return
         self._open = False
-        if not self._finished.is_set():
+        if not self._finished.is_set() and not self._loop_thread.loop.is_closed():
             self._future.cancel()  # cancels the driver task on its loop
         if sys.is_finalizing():
             return

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 import uvloop
 
-
 # torch is pinned for Python 3.11, the version CI runs, where it must be installed (a missing
 # torch fails there). Elsewhere no CPU wheel of it is at hand, so only its tests are left out.
 TORCH_MISSING = sys.version_info[:2] != (3, 11) and importlib.util.find_spec("torch") is None
