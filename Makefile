@@ -1,7 +1,7 @@
 # The two commands of the quick start: `make demo` and `make test`. Both build .venv on a
 # fresh machine that has only Python 3 and make.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 

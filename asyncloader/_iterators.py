@@ -195,7 +195,13 @@ class AsyncIterator:
                 drive(self._work, self._batches, self._handoff)
             )
             self._work = None
-        value = await self._handoff.get(self._timeout)
+        try:
+            value = await self._handoff.get(self._timeout)
+        except asyncio.CancelledError:
+            # The consumer's task was cancelled while it waited: it has abandoned the epoch
+            # (its frame, and so this iterator, may stay referenced by the traceback).
+            self._abandon()
+            raise
         if value is END:
             self._open = False
             raise StopAsyncIteration
@@ -212,13 +218,18 @@ class AsyncIterator:
             # Wait for the driver without letting its cancellation leak into our caller.
             await asyncio.wait([task])
 
-    def __del__(self) -> None:
+    def _abandon(self) -> None:
+        """Cancel the epoch without waiting (from any thread)."""
+        self._open = False
         task = getattr(self, "_task", None)
         if task is None or task.done():
             return
         loop = task.get_loop()
         if not loop.is_closed():
             loop.call_soon_threadsafe(task.cancel)
+
+    def __del__(self) -> None:
+        self._abandon()
 
 
 __all__ = ["AsyncIterator", "Batch", "DirectIterator", "ThreadedIterator"]

@@ -39,7 +39,7 @@ def run_ours(dataset: InMemory, num_workers: int) -> int:
 
 def run_torch(dataset: InMemory, num_workers: int) -> int:
     loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
-        dataset,  # type: ignore[arg-type]
+        dataset,  # type: ignore[arg-type,unused-ignore]
         batch_size=64,
         num_workers=num_workers,
         persistent_workers=False,

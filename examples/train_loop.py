@@ -8,6 +8,7 @@ order while the loop trains a tiny torch model.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ class RemoteVectors:
     def __len__(self) -> int:
         return 1024
 
-    async def __getitem__(self, index: int) -> dict[str, np.ndarray | int]:
+    async def __getitem__(self, index: int) -> dict[str, Any]:
         await asyncio.sleep(0.005)
         rng = np.random.default_rng(index)
         features = rng.normal(size=8).astype(np.float32)
@@ -42,7 +43,7 @@ def main() -> None:
                 x, y = torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"])
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 optimizer.zero_grad()
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                 optimizer.step()
                 total += float(loss)
             print(f"epoch {epoch}: mean loss {total / len(loader):.3f}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import threading
 import weakref
@@ -61,45 +60,61 @@ def test_an_abandoned_sync_epoch_stops_touching_the_dataset(how: str) -> None:
     assert started < 100
 
 
-@pytest.mark.parametrize("how", ["break", "aclose", "cancel"])
+class _FirstBatchFast(AsyncData):
+    """Items 0-3 arrive at once; every other item would take 30 s, so it must be cancelled."""
+
+    async def __getitem__(self, index: int) -> int:
+        self.probe.enter(index)
+        try:
+            if index >= 4:
+                await asyncio.sleep(30)
+            return index
+        except asyncio.CancelledError:
+            with self.probe.lock:
+                self.probe.cancelled += 1
+            raise
+        finally:
+            self.probe.leave()
+
+
+@pytest.mark.parametrize("how", ["break", "aclose", "del", "cancel"])
 async def test_an_abandoned_async_epoch_cancels_requests_in_flight(how: str) -> None:
-    data = AsyncData(1000, delay=30.0)  # items that would take seconds: must be cancelled
+    data = _FirstBatchFast(1000)
     loader = DataLoader(data, batch_size=4, num_workers=4, item_concurrency=4)
-    fast = AsyncData(8)
-    loader_fast = DataLoader(fast, batch_size=4)
+    in_flight = lambda: data.probe.in_flight >= 16  # noqa: E731  batches 1-4, 4 items each
 
-    async def consume() -> None:
-        async for _ in loader:
-            pass
+    if how == "break":
+        async for batch in loader:
+            assert batch.tolist() == [0, 1, 2, 3]
+            await eventually(in_flight)
+            break
+    elif how in ("aclose", "del"):
+        iterator = aiter(loader)
+        assert (await anext(iterator)).tolist() == [0, 1, 2, 3]
+        await eventually(in_flight)
+        if how == "aclose":
+            await iterator.aclose()  # type: ignore[attr-defined]
+        del iterator
+    else:
 
-    iterator = aiter(loader)
-    first = asyncio.ensure_future(anext(iterator))
-    await eventually(lambda: data.probe.in_flight >= 16)
-    if how == "cancel":
+        async def consume() -> None:
+            async for _ in loader:
+                pass
+
         consumer = asyncio.ensure_future(consume())
-        first.cancel()
-        await eventually(lambda: data.probe.in_flight >= 32)
+        await eventually(in_flight)
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await consumer
-        await iterator.aclose()  # type: ignore[attr-defined]
-    else:
-        first.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await first
-        del first  # its coroutine refers to the iterator
-        if how == "aclose":
-            await iterator.aclose()  # type: ignore[attr-defined]
-        else:
-            del iterator
-            gc.collect()
+    gc.collect()
     await eventually(lambda: data.probe.in_flight == 0)
-    assert data.probe.cancelled == len(data.probe.started)
-    assert [b.tolist() async for b in loader_fast] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # Every request still in flight was cancelled, none completed: only items 0-3 finished.
+    assert data.probe.cancelled == len(data.probe.started) - 4
+    # The loader goes on with the next epoch.
+    data.n = 4
+    assert [b.tolist() async for b in loader] == [[0, 1, 2, 3]]
     await loader.aclose()
-    await loader_fast.aclose()
     assert data.closed
-    assert fast.closed
 
 
 def test_close_releases_threads_and_thread_count_stays_constant(no_leaked_threads: None) -> None:

@@ -20,7 +20,7 @@ def test_tensors_are_stacked_with_torch() -> None:
     assert batch.shape == (2, 2)
 
 
-class TorchStyle(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+class TorchStyle(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):  # type: ignore[misc,unused-ignore]
     """An unmodified torch map-style dataset."""
 
     def __len__(self) -> int:
