@@ -16,13 +16,23 @@ from ._sampler import Sampler as Sampler
 from ._sampler import SequentialSampler as SequentialSampler
 from ._transform import Compose as Compose
 from ._transform import Transform as Transform
+from .datasets import FileDataset as FileDataset
+from .datasets import HttpDataset as HttpDataset
+from .datasets import ObjectStoreDataset as ObjectStoreDataset
+from .datasets import Retry as Retry
+from .datasets import Template as Template
 
 __all__ = [
     "Compose",
     "DataLoader",
+    "FileDataset",
+    "HttpDataset",
+    "ObjectStoreDataset",
     "RandomSampler",
+    "Retry",
     "Sampler",
     "SequentialSampler",
+    "Template",
     "Transform",
     "default_collate",
 ]

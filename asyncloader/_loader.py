@@ -192,7 +192,12 @@ class DataLoader:
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.
         if self._runtime is None or self._runtime.pid != os.getpid():
-            self._runtime = Runtime(self._settings.cpu_threads, self._settings.requests_in_flight)
+            close = getattr(self._dataset, "aclose", None) if self._is_async else None
+            self._runtime = Runtime(
+                self._settings.cpu_threads,
+                self._settings.requests_in_flight,
+                closers=[close] if close is not None else [],
+            )
         return self._runtime
 
     def _work(self, runtime: Runtime) -> Work:
@@ -257,15 +262,8 @@ class DataLoader:
         Idempotent. A later iteration starts new threads.
         """
         runtime, self._runtime = self._runtime, None
-        if runtime is None or runtime.pid != os.getpid():
-            return
-        if runtime.has_loop_thread and self._is_async:
-            future = runtime.loop_thread.submit(self._close_dataset())
-            try:
-                future.result(timeout=ACLOSE_TIMEOUT_S + 1.0)
-            except Exception:
-                logger.exception("closing the dataset failed")
-        runtime.close()
+        if runtime is not None and runtime.pid == os.getpid():
+            runtime.close()
 
     async def aclose(self) -> None:
         """Await an async dataset's ``aclose()`` on the running loop, then stop the threads."""
@@ -275,7 +273,7 @@ class DataLoader:
             runtime.close()
 
     async def _close_dataset(self) -> None:
-        close = getattr(self._dataset, "aclose", None)
+        close = getattr(self._dataset, "aclose", None) if self._is_async else None
         if close is None:
             return
         try:

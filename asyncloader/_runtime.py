@@ -8,13 +8,29 @@ A forgotten runtime is stopped by ``weakref.finalize``, so it never keeps the in
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ._loop_thread import LoopThread
 from ._pool import ThreadPool
+
+logger = logging.getLogger("asyncloader")
+
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing waits for an async dataset's ``aclose()``."""
+
+
+async def _close_all(closers: list[Callable[[], Awaitable[None]]]) -> None:
+    for close in closers:
+        try:
+            await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
+        except Exception:
+            logger.exception("%r failed", close)
 
 
 @dataclass
@@ -25,12 +41,20 @@ class _Parts:
     cpu: ThreadPool | None = None
     io: ThreadPool | None = None
     loop: LoopThread | None = None
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def stop(self) -> None:
         if os.getpid() != self.pid:
             return
         loop, self.loop = self.loop, None
         if loop is not None:
+            if self.closers:
+                # What ran on this loop (an async dataset's sessions) is closed on it, bounded.
+                closing = loop.submit(_close_all(self.closers))
+                try:
+                    closing.result(timeout=CLOSE_TIMEOUT_S + 1.0)
+                except Exception:
+                    logger.exception("closing the dataset on the loader's loop failed")
             loop.stop()
         for pool in (self.cpu, self.io):
             if pool is not None:
@@ -44,12 +68,19 @@ class Runtime:
     Args:
         cpu_threads: Threads of the CPU pool (transforms, collation).
         io_threads: Threads of the I/O pool that runs a sync dataset's calls.
+        closers: Awaited on the loop thread before it stops (an async dataset's ``aclose``),
+            whether the loader is closed or forgotten.
     """
 
-    def __init__(self, cpu_threads: int, io_threads: int) -> None:
+    def __init__(
+        self,
+        cpu_threads: int,
+        io_threads: int,
+        closers: list[Callable[[], Awaitable[None]]] | None = None,
+    ) -> None:
         self.cpu_threads = cpu_threads
         self.io_threads = io_threads
-        self._parts = _Parts()
+        self._parts = _Parts(closers=closers or [])
         self._finalizer = weakref.finalize(self, self._parts.stop)
 
     @property
@@ -78,11 +109,6 @@ class Runtime:
             self._parts.loop = LoopThread()
         return self._parts.loop
 
-    @property
-    def has_loop_thread(self) -> bool:
-        """Whether the loop thread was started (so something may have run on it)."""
-        return self._parts.loop is not None
-
     def wait_idle(self, timeout: float) -> bool:
         """Wait until neither pool runs a job; return whether that happened within ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -107,5 +133,5 @@ class Runtime:
             parts.io = None
 
     def close(self) -> None:
-        """Stop the loop thread and the pools, joining their threads (bounded)."""
+        """Run the closers on the loop thread, then stop it and the pools (bounded)."""
         self._finalizer()

@@ -1,0 +1,14 @@
+"""The built-in datasets: items are bytes-like, fetched from HTTP, files or object stores.
+
+They share :class:`Template` locations, :class:`Retry` and ``max_bytes``; each classifies its
+own transient failures and maps errors onto ``IndexError``, ``FileNotFoundError``,
+``PermissionError``, ``ValueError`` (over ``max_bytes``), ``TimeoutError`` and ``OSError``.
+"""
+
+from ._file import FileDataset as FileDataset
+from ._http import HttpDataset as HttpDataset
+from ._locations import Template as Template
+from ._objectstore import ObjectStoreDataset as ObjectStoreDataset
+from ._retry import Retry as Retry
+
+__all__ = ["FileDataset", "HttpDataset", "ObjectStoreDataset", "Retry", "Template"]

@@ -1,0 +1,105 @@
+"""``FileDataset``: whole files read from a local or mounted file system.
+
+It is a *sync* dataset: the loader's I/O threads (sized to the requests in flight) each make
+one hop that opens, reads and closes a file, or it runs inline on the direct path. Measured
+against ``aiofiles`` (which hops to a thread for each of open, read and close), with
+``benches/bench_files.py`` on this project's 2-core machine: one hop per file reads 4 MiB
+files at about 2.3x the MB/s of aiofiles at the same concurrency, and small files at several
+times its rate, so aiofiles is not used.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Final
+
+from ._http import _check_max_bytes
+from ._locations import Locations
+from ._retry import AttemptFailed, Retry, retrying_sync
+
+_TRANSIENT_ERRNOS: Final = frozenset({errno.EINTR, errno.EAGAIN, errno.ETIMEDOUT})
+
+
+class FileDataset:
+    """A dataset whose item ``i`` is the content of file ``locations[i]``, as ``bytes``.
+
+    Args:
+        locations: A list of paths, a function of the index, or a
+            :class:`~asyncloader.Template` (a value containing ``/``, ``\\``, NUL, or equal to
+            ``.``/``..`` is refused when the dataset is built).
+        root: The folder that relative locations are read from. When set, an item whose real
+            path (symbolic links resolved) lies outside it fails with ``PermissionError``.
+        length: The number of items, for a function or a template of scalars only.
+        retry: Retries for ``EINTR``, ``EAGAIN`` and ``ETIMEDOUT`` only.
+        max_bytes: The largest file accepted (checked from its size before reading).
+    """
+
+    def __init__(
+        self,
+        locations: object,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        length: int | None = None,
+        retry: Retry | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        self.locations = Locations(locations, "path", length)
+        self.root = None if root is None else os.fspath(root)
+        self._real_root = None if self.root is None else os.path.realpath(self.root)
+        self.retry = retry if retry is not None else Retry()
+        if not isinstance(self.retry, Retry):
+            raise TypeError(f"retry must be a Retry, got {retry!r}")
+        self.max_bytes = _check_max_bytes(max_bytes)
+
+    def __len__(self) -> int:
+        return len(self.locations)
+
+    def path(self, index: int) -> str:
+        """The path item ``index`` is read from.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            PermissionError: The path leaves ``root``.
+        """
+        location = self.locations[index]
+        assert isinstance(location, str)
+        if self.root is None or self._real_root is None:
+            return location
+        path = os.path.join(self.root, location)
+        real = os.path.realpath(path)
+        if os.path.commonpath([self._real_root, real]) != self._real_root:
+            raise PermissionError(f"{location!r} leaves root {self.root!r}")
+        return real
+
+    def __getitem__(self, index: int) -> bytes:
+        path = self.path(index)
+        return retrying_sync(self.retry, lambda: self._read(path))
+
+    def _read(self, path: str) -> bytes:
+        try:
+            with open(path, "rb", buffering=0) as file:
+                if self.max_bytes is not None:
+                    size = os.fstat(file.fileno()).st_size
+                    if size > self.max_bytes:
+                        raise AttemptFailed(
+                            ValueError(
+                                f"{path!r} is {size} bytes, over max_bytes={self.max_bytes}"
+                            ),
+                            transient=False,
+                        )
+                    data = file.read(self.max_bytes + 1)  # a file that grew is caught too
+                    if len(data) > self.max_bytes:
+                        raise AttemptFailed(
+                            ValueError(f"{path!r} is over max_bytes={self.max_bytes}"),
+                            transient=False,
+                        )
+                    return data
+                return file.read()
+        except AttemptFailed:
+            raise
+        except OSError as error:
+            raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
+
+    def __repr__(self) -> str:
+        return f"FileDataset({len(self)} items, root={self.root!r})"

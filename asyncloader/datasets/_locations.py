@@ -1,0 +1,233 @@
+"""Where item ``i`` lives: a list, a function of the index, or a :class:`Template`.
+
+A template is parsed once, when the dataset is built, and rendered per item. Each value is
+written according to the target, so that no value can ever leave its component:
+
+- ``url``: percent-encoded (``/``, ``?``, ``#``, ``%`` and the rest become ``%XX``);
+- ``path`` and ``key``: written as is, and a value containing ``/``, ``\\``, NUL, or equal to
+  ``.`` or ``..`` is refused when the dataset is built.
+
+A rendered template whose values make a ``.`` or ``..`` component (in a URL, also spelled
+``%2e``) fails its item.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit
+
+Target = Literal["url", "path", "key"]
+
+_FORBIDDEN_IN_COMPONENT = ("/", "\\", "\x00")
+
+
+def _is_sequence(value: object) -> bool:
+    return (
+        hasattr(value, "__len__")
+        and hasattr(value, "__getitem__")
+        and not isinstance(value, str | bytes | bytearray)
+    )
+
+
+class Template:
+    """A location pattern such as ``"s3://bucket/{split}/{index:08d}.jpg"``.
+
+    ``{index}`` is the item's index; every other field names a column given as a keyword: a
+    scalar (the same for every item) or a sequence with one value per item. Format specs
+    apply as in :meth:`str.format`; literal braces are doubled (``{{`` and ``}}``).
+
+    Args:
+        pattern: The pattern.
+        **columns: The named columns.
+
+    Raises:
+        ValueError: A malformed pattern, a field without a column, attribute or item access
+            in a field, a conversion (``!r``), a bad format spec, or sequence columns of
+            different lengths.
+    """
+
+    def __init__(self, pattern: str, /, **columns: object) -> None:
+        if not isinstance(pattern, str):
+            raise TypeError(f"Template pattern must be a str, got {pattern!r}")
+        if "index" in columns:
+            raise ValueError("Template: 'index' is the item's index, not a column")
+        self.pattern = pattern
+        self.columns = columns
+        try:
+            parsed = list(string.Formatter().parse(pattern))
+        except ValueError as error:
+            raise ValueError(f"Template {pattern!r} is malformed: {error}") from None
+        self._parts: list[tuple[str, str | None, str]] = []
+        for literal, field, spec, conversion in parsed:
+            if field is not None:
+                if conversion is not None:
+                    raise ValueError(
+                        f"Template {pattern!r}: conversions (!{conversion}) are refused"
+                    )
+                if not field.isidentifier():
+                    raise ValueError(f"Template {pattern!r}: field {{{field}}} is not a plain name")
+                if field != "index" and field not in columns:
+                    raise ValueError(f"Template {pattern!r}: no column named {field!r}")
+                if spec and ("{" in spec or "}" in spec):
+                    raise ValueError(f"Template {pattern!r}: nested fields in a format spec")
+            self._parts.append((literal, field, spec or ""))
+        lengths = {len(v) for v in columns.values() if _is_sequence(v)}  # type: ignore[arg-type]
+        if len(lengths) > 1:
+            raise ValueError(
+                f"Template {pattern!r}: columns of different lengths {sorted(lengths)}"
+            )
+        self.length: int | None = lengths.pop() if lengths else None
+        """The number of items the sequence columns define (``None``: scalars only)."""
+        self._check_specs()
+
+    def _check_specs(self) -> None:
+        for _, field, spec in self._parts:
+            if field is None:
+                continue
+            try:
+                format(0 if field == "index" else self._value(field, 0), spec)
+            except (ValueError, TypeError, IndexError) as error:
+                raise ValueError(
+                    f"Template {self.pattern!r}: format spec {spec!r} of {{{field}}}: {error}"
+                ) from None
+
+    def _value(self, field: str, index: int) -> Any:
+        column = self.columns[field]
+        return column[index] if _is_sequence(column) else column  # type: ignore[index]
+
+    def fields(self) -> set[str]:
+        """The column names the pattern uses (without ``index``)."""
+        return {field for _, field, _ in self._parts if field not in (None, "index")}
+
+    def render(self, index: int, escape: Callable[[str], str]) -> str:
+        """The location of item ``index``, each value passed through ``escape``."""
+        out: list[str] = []
+        for literal, field, spec in self._parts:
+            out.append(literal)
+            if field is not None:
+                value = index if field == "index" else self._value(field, index)
+                out.append(escape(format(value, spec)))
+        return "".join(out)
+
+    def check_values(self, length: int) -> None:
+        """Refuse, for a path or key target, any value that could leave its component."""
+        for _, field, spec in self._parts:
+            if field is None or field == "index":
+                continue
+            column: Any = self.columns[field]
+            for value in column if _is_sequence(column) else [column]:
+                check_component_value(field, format(value, spec))
+
+    def __repr__(self) -> str:
+        return f"Template({self.pattern!r}, columns={sorted(self.columns)})"
+
+
+def check_component_value(field: str, value: str) -> None:
+    """Refuse a path/key value that contains a separator or NUL, or is ``.``/``..``."""
+    if any(bad in value for bad in _FORBIDDEN_IN_COMPONENT) or value in (".", ".."):
+        raise ValueError(
+            f"column {field!r} value {value!r} could leave its path component "
+            "(it contains '/', '\\\\' or NUL, or is '.' or '..')"
+        )
+
+
+def _url_escape(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _as_is(value: str) -> str:
+    return value
+
+
+def _dot_components(location: str, target: Target) -> int:
+    if target == "url":
+        parts = urlsplit(location).path.split("/")
+        return sum(unquote(part) in (".", "..") for part in parts)
+    return sum(part in (".", "..") for part in location.replace("\\", "/").split("/"))
+
+
+Location = str | tuple[str, int, int]
+"""A URL, a path, a key, or for object stores a ``(key, offset, length)`` byte range."""
+
+
+class Locations:
+    """The locations of a dataset's items, resolved per index.
+
+    Args:
+        source: A sequence of locations, a function of the index, or a :class:`Template`.
+        target: How template values are written: ``"url"``, ``"path"`` or ``"key"``.
+        length: The number of items; needed for a function, and for a template with scalar
+            columns only.
+
+    Raises:
+        TypeError: ``source`` is of none of the three kinds, or its length is unknown.
+        ValueError: A template value could leave its component, or lengths disagree.
+    """
+
+    def __init__(self, source: object, target: Target, length: int | None = None) -> None:
+        self.target = target
+        self._escape = _url_escape if target == "url" else _as_is
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+            raise TypeError(f"length must be an int, got {length!r}")
+        if length is not None and length < 0:
+            raise ValueError(f"length must be at least 0, got {length!r}")
+        self._list: Sequence[Location] | None = None
+        self._template: Template | None = None
+        self._function: Callable[[int], Location] | None = None
+        self._dots = 0
+        if isinstance(source, Template):
+            self._template = source
+            if source.length is not None and length is not None and source.length != length:
+                raise ValueError(f"length={length} but the template's columns have {source.length}")
+            resolved = source.length if source.length is not None else length
+            if resolved is None:
+                raise TypeError("a template with scalar columns only needs length=")
+            if target != "url":
+                source.check_values(resolved)
+            self.length = resolved
+            # The pattern's own '.'/'..' components are the user's; values may add none.
+            self._dots = _dot_components(source.render(0, lambda value: "x"), target)
+        elif isinstance(source, str | bytes):
+            raise TypeError("locations must be a list, a function or a Template, not one string")
+        elif _is_sequence(source):
+            self._list = list(source)  # type: ignore[call-overload]
+            if length is not None and length != len(self._list):
+                raise ValueError(f"length={length} but {len(self._list)} locations were given")
+            self.length = len(self._list)
+        elif callable(source):
+            if length is None:
+                raise TypeError("locations given as a function of the index need length=")
+            self._function = source
+            self.length = length
+        else:
+            raise TypeError(
+                f"locations must be a list, a function or a Template, got {type(source).__name__}"
+            )
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Location:
+        """The location of item ``index``.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            ValueError: The location has a ``.`` or ``..`` component.
+        """
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} is out of range for {self.length} items")
+        if self._template is not None:
+            location: Location = self._template.render(index, self._escape)
+        elif self._list is not None:
+            location = self._list[index]
+        else:
+            assert self._function is not None
+            location = self._function(index)
+        key = location[0] if isinstance(location, tuple) else location
+        if not isinstance(key, str):
+            raise TypeError(f"location of item {index} is not a str: {key!r}")
+        if self._template is not None and _dot_components(key, self.target) > self._dots:
+            raise ValueError(f"location of item {index}: its values make a '.' or '..' component")
+        return location

@@ -1,0 +1,205 @@
+"""``ObjectStoreDataset``: objects (or byte ranges of objects) from obstore's stores."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Final
+
+from ._http import _check_max_bytes
+from ._locations import Locations
+from ._redact import redact_text, redact_url
+from ._retry import Retry
+
+SCHEMES: Final = (
+    "s3://",
+    "s3a://",
+    "gs://",
+    "az://",
+    "abfs://",
+    "abfss://",
+    "adl://",
+    "azure://",
+    "http://",
+    "https://",
+    "file://",
+    "memory://",
+)
+
+
+def _retry_config(retry: Retry) -> dict[str, Any]:
+    """``retry`` as obstore's own ``RetryConfig``: one retry loop, in the client."""
+    return {
+        "max_retries": retry.max_retries,
+        "backoff": {
+            "init_backoff": datetime.timedelta(seconds=retry.initial_backoff),
+            "max_backoff": datetime.timedelta(seconds=retry.max_backoff),
+            "base": 2,
+        },
+    }
+
+
+def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str, Any]) -> Any:
+    """Open the obstore store of ``url`` with ``retry`` as its retry config.
+
+    ``allow_http`` and ``timeout`` go to the client options; every other option (``endpoint``,
+    ``region``, ``access_key_id``, ``secret_access_key``, ...) to the store's config.
+    """
+    from obstore.store import from_url
+
+    open_url: Any = from_url  # its overloads are per store kind; the options are checked by it
+
+    if not isinstance(url, str) or not url.startswith(SCHEMES):
+        raise ValueError(f"store URL {redact_url(str(url))!r} has no supported scheme {SCHEMES}")
+    options = dict(options)
+    client: dict[str, Any] = {}
+    if "allow_http" in options:
+        client["allow_http"] = bool(options.pop("allow_http"))
+    if timeout is not None:
+        client["timeout"] = datetime.timedelta(seconds=timeout)
+    if url.startswith(("file://", "memory://")):
+        return open_url(url, **options)
+    try:
+        return open_url(url, client_options=client, retry_config=_retry_config(retry), **options)
+    except Exception as error:  # obstore's config errors may echo the URL or the options
+        raise ValueError(f"cannot open store {redact_url(url)!r}: {_clean(error)}") from None
+
+
+def _clean(error: BaseException) -> str:
+    text = redact_text(str(error))
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _translate(error: Exception, what: str) -> OSError | ValueError:
+    """obstore's exception as the loader's contract says: type by cause, message redacted."""
+    from obstore.exceptions import (
+        NotFoundError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+    )
+
+    message = f"{what}: {_clean(error)}"
+    if isinstance(error, NotFoundError | FileNotFoundError):
+        return FileNotFoundError(message)
+    if isinstance(error, PermissionDeniedError | UnauthenticatedError | PermissionError):
+        return PermissionError(message)
+    if "timed out" in message.lower() or "timeout" in message.lower():
+        return TimeoutError(message)
+    return OSError(message)
+
+
+class ObjectStoreDataset:
+    """An async dataset whose items are objects of an obstore store, as obstore ``Bytes``.
+
+    ``Bytes`` implements the buffer protocol: ``memoryview(item)``, ``np.frombuffer(item)``
+    and ``bytes(item)`` work, the first two without a copy.
+
+    Args:
+        store: An obstore store, or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://``, ``memory://``), optionally with a prefix the keys are under.
+        locations: Keys (a list, a function of the index, or a
+            :class:`~asyncloader.Template`), or ``(key, offset, length)`` byte ranges, so many
+            samples can live in one large shard object.
+        length: The number of items, for a function or a template of scalars only.
+        retry: Becomes the store's own retry config when the store is opened from a URL (a
+            store passed in keeps its own).
+        max_bytes: The largest object accepted: checked from its size (or the range's length)
+            before the body is read.
+        timeout: Seconds one request may take (a URL's store only).
+        **options: Store options for a URL: ``endpoint``, ``region``, ``allow_http``,
+            credentials such as ``access_key_id`` and ``secret_access_key``, ...
+
+    Raises:
+        ImportError: obstore is not installed (``pip install asyncloader[objectstore]``).
+        ValueError: The URL or an option is refused by the store.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        locations: object,
+        *,
+        length: int | None = None,
+        retry: Retry | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> None:
+        try:
+            import obstore  # noqa: F401
+        except ImportError as error:
+            raise ImportError(
+                "ObjectStoreDataset needs obstore: pip install asyncloader[objectstore]"
+            ) from error
+        self.retry = retry if retry is not None else Retry()
+        if not isinstance(self.retry, Retry):
+            raise TypeError(f"retry must be a Retry, got {retry!r}")
+        if isinstance(store, str):
+            self.store = open_store(store, self.retry, timeout, options)
+        elif options or timeout is not None:
+            raise TypeError("store options and timeout apply to a store URL, not a store object")
+        else:
+            self.store = store
+        self.locations = Locations(locations, "key", length)
+        self.max_bytes = _check_max_bytes(max_bytes)
+
+    @classmethod
+    async def from_prefix(
+        cls,
+        url: str,
+        *,
+        retry: Retry | None = None,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> ObjectStoreDataset:
+        """A dataset of every object under the prefix of ``url``, sorted by key.
+
+        Raises:
+            FileNotFoundError: Nothing is under the prefix.
+        """
+        import obstore
+
+        retry = retry if retry is not None else Retry()
+        store = open_store(url, retry, timeout, options)
+        keys: list[str] = []
+        try:
+            async for chunk in obstore.list(store, chunk_size=1000):
+                keys.extend(meta["path"] for meta in chunk)
+        except Exception as error:
+            raise _translate(error, f"LIST {redact_url(url)}") from None
+        if not keys:
+            raise FileNotFoundError(f"no object under {redact_url(url)}")
+        dataset = cls(store, sorted(keys), retry=retry, max_bytes=max_bytes)
+        return dataset
+
+    def __len__(self) -> int:
+        return len(self.locations)
+
+    async def __getitem__(self, index: int) -> Any:
+        import obstore
+
+        location = self.locations[index]
+        if isinstance(location, tuple):
+            key, offset, size = location
+            if self.max_bytes is not None and size > self.max_bytes:
+                raise ValueError(
+                    f"range of {key!r} is {size} bytes, over max_bytes={self.max_bytes}"
+                )
+            try:
+                return await obstore.get_range_async(self.store, key, start=offset, length=size)
+            except Exception as error:
+                raise _translate(error, f"GET {key} [{offset}:{offset + size}]") from None
+        try:
+            result = await obstore.get_async(self.store, location)
+            if self.max_bytes is not None and result.meta["size"] > self.max_bytes:
+                raise ValueError(
+                    f"{location!r} is {result.meta['size']} bytes, over max_bytes={self.max_bytes}"
+                )
+            return await result.bytes_async()
+        except ValueError:
+            raise
+        except Exception as error:
+            raise _translate(error, f"GET {location}") from None
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreDataset({len(self)} items)"
