@@ -1,0 +1,112 @@
+"""FileDataset on real files: contents, missing, unreadable, directories, symlinks, limits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader, FileDataset, Retry, Template
+
+ROOT = Path(__file__).parent.parent
+
+
+def read_all(dataset: FileDataset, **settings: Any) -> list[Any]:
+    """Every item, or the exception raised for it (one item per batch)."""
+    out: list[Any] = []
+    with DataLoader(dataset, collate_fn=list, **settings) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                out.append(next(iterator)[0])
+            except StopIteration:
+                return out
+            except Exception as error:
+                out.append(error)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    for i in range(6):
+        (tmp_path / f"{i:03d}.bin").write_bytes(bytes([i]) * (i * 1000))
+    (tmp_path / "sub").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 3)])
+def test_files_are_read_whole_and_in_order(
+    folder: Path, num_workers: int, item_concurrency: int
+) -> None:
+    data = FileDataset(Template("{index:03d}.bin"), root=folder, length=6)
+    items = read_all(data, num_workers=num_workers, item_concurrency=item_concurrency)
+    assert items == [bytes([i]) * (i * 1000) for i in range(6)]
+
+
+def test_absolute_paths_without_root(folder: Path) -> None:
+    assert read_all(FileDataset([str(folder / "002.bin")])) == [b"\x02" * 2000]
+
+
+def test_missing_files_and_directories_fail_their_item_at_once(folder: Path) -> None:
+    out = read_all(FileDataset(["001.bin", "nope.bin", "sub"], root=folder, retry=Retry(3, 0.5, 1)))
+    assert out[0] == b"\x01" * 1000
+    assert type(out[1]) is FileNotFoundError
+    assert "after 1 attempt" in str(out[1])
+    assert out[1].errno == 2
+    assert isinstance(out[2], IsADirectoryError)
+
+
+def test_paths_that_leave_root_fail_their_item(
+    folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    outside = tmp_path_factory.mktemp("outside") / "secret.txt"
+    outside.write_bytes(b"secret")
+    (folder / "link.bin").symlink_to(outside)
+    (folder / "sub" / "ok.bin").write_bytes(b"ok")
+    out = read_all(
+        FileDataset(["link.bin", "../outside/secret.txt", str(outside), "sub/ok.bin"], root=folder)
+    )
+    assert [type(item) for item in out[:3]] == [PermissionError] * 3
+    assert all("leaves root" in str(item) for item in out[:3])
+    assert out[3] == b"ok"
+
+
+def test_template_values_that_could_leave_their_component_are_refused(folder: Path) -> None:
+    for value in ("../x", "a/b", "a\\b", "..", ".", "x\x00"):
+        with pytest.raises(ValueError, match="could leave"):
+            FileDataset(Template("{name}.bin", name=[value]), root=folder)
+
+
+def test_max_bytes_is_checked_before_reading(folder: Path) -> None:
+    out = read_all(FileDataset(["002.bin", "003.bin"], root=folder, max_bytes=2000))
+    assert out[0] == b"\x02" * 2000
+    assert type(out[1]) is ValueError
+    assert "3000 bytes, over max_bytes=2000" in str(out[1])
+
+
+def test_an_unreadable_file_is_a_permission_error(folder: Path) -> None:
+    """Run as root, the read happens in a child without CAP_DAC_OVERRIDE (setpriv), since root
+    ignores mode bits; as another user, the mode bits alone decide."""
+    secret = folder / "secret.bin"
+    secret.write_bytes(b"no")
+    secret.chmod(0)
+    script = textwrap.dedent(
+        f"""
+        from asyncloader import DataLoader, FileDataset
+        try:
+            list(DataLoader(FileDataset([{str(secret)!r}])))
+        except PermissionError as error:
+            print("PermissionError", error)
+        """
+    )
+    command = [sys.executable, "-c", script]
+    if os.geteuid() == 0:
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *command]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("PermissionError"), result.stdout
+    assert "after 1 attempt" in result.stdout

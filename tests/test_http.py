@@ -1,0 +1,200 @@
+"""HttpDataset against a real aiohttp server on 127.0.0.1 that injects every kind of fault."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader, HttpDataset, Retry, Template
+
+from .servers import FaultServer, body, run_fault_server
+
+FAST = Retry(max_retries=2, initial_backoff=0.001, max_backoff=0.01)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    with run_fault_server() as running:
+        yield running
+
+
+def fetch(dataset: HttpDataset, index: int = 0) -> Any:
+    """One item through a real loader (its own loop thread), or the exception it raised."""
+    with DataLoader(dataset, collate_fn=list, num_workers=1) as loader:
+        iterator = loader.iter_with_indices()
+        for _ in range(index):
+            next(iterator)
+        try:
+            return next(iterator)[1][0]
+        except Exception as error:
+            return error
+
+
+def test_items_are_the_bodies_in_order(server: FaultServer) -> None:
+    sizes = [0, 1, 100, 70_000, 5]
+    data = HttpDataset([f"{server.url}/ok/{n}" for n in sizes])
+    with DataLoader(
+        data, batch_size=2, collate_fn=list, num_workers=2, item_concurrency=2
+    ) as loader:
+        items = [item for batch in loader for item in batch]
+    assert items == [body(n) for n in sizes]
+
+
+async def test_async_for_and_template_locations(server: FaultServer) -> None:
+    data = HttpDataset(Template(server.url + "/ok/{size}", size=[3, 4, 5]))
+    async with DataLoader(data, batch_size=3, collate_fn=list, item_concurrency=3) as loader:
+        batches = [batch async for batch in loader]
+    assert batches == [[body(3), body(4), body(5)]]
+
+
+@pytest.mark.parametrize("code", [408, 429, 500, 502, 503, 504])
+def test_transient_statuses_are_retried_then_fail_with_the_status_and_attempts(
+    server: FaultServer, code: int
+) -> None:
+    path = f"/status/{code}/exhaust"
+    error = fetch(HttpDataset([server.url + path], retry=FAST))
+    assert type(error) is OSError
+    assert f"HTTP {code}" in str(error)
+    assert "after 3 attempts" in str(error)
+    assert server.hits[path] == 3
+
+
+@pytest.mark.parametrize(
+    ("code", "error_type"),
+    [
+        (400, OSError),
+        (401, PermissionError),
+        (403, PermissionError),
+        (404, FileNotFoundError),
+        (410, FileNotFoundError),
+        (501, OSError),
+    ],
+)
+def test_other_statuses_fail_at_once(server: FaultServer, code: int, error_type: type) -> None:
+    path = f"/status/{code}/once"
+    error = fetch(HttpDataset([server.url + path], retry=FAST))
+    assert type(error) is error_type
+    assert f"HTTP {code}" in str(error)
+    assert "after 1 attempt" in str(error)
+    assert server.hits[path] == 1
+
+
+def test_a_flaky_server_recovers_within_the_retries(server: FaultServer) -> None:
+    path = "/flaky/503/2/recover"
+    assert fetch(HttpDataset([server.url + path], retry=FAST)) == b"recovered"
+    assert server.hits[path] == 3
+
+
+def test_retry_after_is_honoured_up_to_max_backoff(server: FaultServer) -> None:
+    # Retry-After: 3600 is capped at max_backoff (0.01 s), so the retry comes at once.
+    path = "/retry-after/3600/capped"
+    assert fetch(HttpDataset([server.url + path], retry=FAST)) == b"after"
+    assert server.hits[path] == 2
+
+
+@pytest.mark.parametrize("fault", ["reset", "short"])
+def test_resets_and_short_bodies_are_retried(server: FaultServer, fault: str) -> None:
+    path = f"/{fault}/k"
+    error = fetch(HttpDataset([server.url + path], retry=FAST))
+    assert isinstance(error, OSError), error
+    assert "after 3 attempts" in str(error)
+    assert server.hits[path] == 3
+
+
+def test_a_slow_response_times_out_per_attempt(server: FaultServer) -> None:
+    path = "/slow/k"
+    error = fetch(HttpDataset([server.url + path], retry=Retry(1, 0.001, 0.01), timeout=0.1))
+    assert type(error) is TimeoutError
+    assert "after 2 attempts" in str(error)
+    assert server.hits[path] == 2
+
+
+def test_connection_refused_is_retried_and_fails_as_connection_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    error = fetch(HttpDataset([f"http://127.0.0.1:{port}/x"], retry=FAST))
+    assert isinstance(error, ConnectionError)
+    assert "after 3 attempts" in str(error)
+
+
+def test_max_bytes_refuses_from_content_length_and_cuts_chunked_bodies(server: FaultServer) -> None:
+    declared = fetch(HttpDataset([server.url + "/ok/2000"], max_bytes=1000))
+    assert type(declared) is ValueError
+    assert "Content-Length 2000" in str(declared)
+    chunked = fetch(HttpDataset([server.url + "/chunked/1000000/big"], max_bytes=10_000))
+    assert type(chunked) is ValueError
+    assert server.hits["/chunked/1000000/big"] == 1  # not retried
+    assert (
+        fetch(HttpDataset([server.url + "/chunked/10000/fits"], max_bytes=10_000)) == b"z" * 10_000
+    )
+    assert fetch(HttpDataset([server.url + "/ok/1000"], max_bytes=1000)) == body(1000)
+
+
+def test_redirect_loops_are_bounded(server: FaultServer) -> None:
+    error = fetch(HttpDataset([server.url + "/redirect/loop"], max_redirects=3))
+    assert type(error) is OSError
+    assert "redirects" in str(error)
+    assert server.hits["/redirect/loop"] == 3  # aiohttp counts the first request in the 3
+
+
+def test_an_index_out_of_range_is_an_index_error(server: FaultServer) -> None:
+    data = HttpDataset([server.url + "/ok/1"])
+    with pytest.raises(IndexError):
+        data.locations[1]
+
+
+@pytest.mark.parametrize("how", ["userinfo", "header"])
+def test_no_credential_or_query_string_reaches_messages_or_logs(
+    server: FaultServer, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = server.url + "/status/404/q?token=s3cr3t"
+    if how == "userinfo":
+        data = HttpDataset([url.replace("http://", "http://user:hunter2@")], retry=FAST)
+    else:
+        data = HttpDataset([url], headers={"Authorization": "Bearer hunter2"}, retry=FAST)
+    error = fetch(data)
+    assert isinstance(error, FileNotFoundError)
+    text = str(error) + repr(error) + caplog.text
+    for secret in ("hunter2", "s3cr3t", "token=", "Bearer", "user:"):
+        assert secret not in text
+    assert error.__cause__ is None
+    assert error.__suppress_context__
+    # The credentials did reach the server.
+    assert "Authorization" in server.headers_seen[-1]
+
+
+def test_values_are_percent_encoded_in_urls(server: FaultServer) -> None:
+    data = HttpDataset(Template(server.url + "/echo/{name}", name=["a b", "x?y#z", "../up"]))
+    with DataLoader(data, batch_size=3, collate_fn=list) as loader:
+        assert next(iter(loader)) == [b"a b", b"x?y#z", b"../up"]
+
+
+def test_a_session_per_loop_closed_with_the_loader(server: FaultServer) -> None:
+    data = HttpDataset([server.url + "/ok/1"] * 4)
+    loader = DataLoader(data, batch_size=2, collate_fn=list, num_workers=1)
+    assert len(list(loader)) == 2
+    sessions = [session for _, session in data._sessions.values()]
+    assert len(sessions) == 1
+    loader.close()
+    assert all(session.closed for session in sessions)
+
+
+def test_invalid_settings_fail_at_construction(server: FaultServer) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        HttpDataset([server.url], timeout=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        HttpDataset([server.url], max_bytes=-1)
+    with pytest.raises(TypeError, match="retry"):
+        HttpDataset([server.url], retry=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="length="):
+        HttpDataset(lambda i: server.url)
+    with pytest.raises(ValueError, match="max_retries"):
+        Retry(max_retries=-1)
+    with pytest.raises(ValueError, match="max_backoff"):
+        Retry(initial_backoff=2, max_backoff=1)

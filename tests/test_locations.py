@@ -1,0 +1,113 @@
+"""Templates and locations: parsed once, rendered per item, no value ever leaves its component."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncloader import Template
+from asyncloader.datasets._locations import Locations
+
+PIECES = [*"/\\\x00.?#%:@ab&=;+ ", "%2e", "%2E", "..", "\u2215", "\u00e9"]
+hostile = st.one_of(st.text(max_size=8), st.lists(st.sampled_from(PIECES), max_size=8).map("".join))
+
+
+@given(value=hostile)
+def test_url_values_stay_in_their_component(value: str) -> None:
+    locations = Locations(Template("http://host:1/prefix/{v}/suffix", v=[value]), "url")
+    if value in (".", ".."):  # would be resolved away by any client: the item fails
+        with pytest.raises(ValueError, match="component"):
+            locations[0]
+        return
+    url = locations[0]
+    assert isinstance(url, str)
+    parts = urlsplit(url)
+    assert (parts.scheme, parts.netloc, parts.query, parts.fragment) == ("http", "host:1", "", "")
+    segments = parts.path.split("/")
+    assert segments[:2] == ["", "prefix"]
+    assert segments[-1] == "suffix"
+    assert len(segments) == 4
+    assert unquote(segments[2]) == value
+
+
+@pytest.mark.parametrize("target", ["path", "key"])
+@given(value=hostile)
+def test_path_and_key_values_are_refused_or_stay_in_their_component(
+    target: str, value: str
+) -> None:
+    try:
+        locations = Locations(Template("prefix/{v}/suffix", v=[value]), target)  # type: ignore[arg-type]
+    except ValueError:
+        assert any(bad in value for bad in "/\\\x00") or value in (".", "..")
+        return
+    location = locations[0]
+    assert isinstance(location, str)
+    assert location.split("/") == ["prefix", value, "suffix"]
+    assert value not in (".", "..")
+
+
+@given(pattern=st.text(alphabet=st.sampled_from(list("{}ab:0>8d!r.[]index ")), max_size=16))
+def test_malformed_templates_only_ever_raise_value_error(pattern: str) -> None:
+    try:
+        template = Template(pattern, a=["x"])
+    except ValueError:
+        return
+    Locations(template, "url", length=1)[0]  # a template that parses renders
+
+
+def test_index_format_specs_and_columns_render_per_item() -> None:
+    locations = Locations(
+        Template("s3://b/{split}/{index:08d}-{name}.jpg", split="train", name=["a", "b"]), "key"
+    )
+    assert len(locations) == 2
+    assert locations[1] == "s3://b/train/00000001-b.jpg"
+    assert Locations(Template("{{literal}}/{index}"), "path", length=1)[0] == "{literal}/0"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "columns", "message"),
+    [
+        ("{nope}", {}, "no column"),
+        ("{a.b}", {"a": 1}, "plain name"),
+        ("{a[0]}", {"a": 1}, "plain name"),
+        ("{a!r}", {"a": 1}, "conversion"),
+        ("{index:q}", {}, "format spec"),
+        ("{a}{b}", {"a": [1, 2], "b": [1]}, "different lengths"),
+        ("{", {}, "malformed"),
+        ("}", {}, "malformed"),
+    ],
+)
+def test_bad_templates_are_refused_at_construction(
+    pattern: str, columns: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Template(pattern, **columns)
+
+
+def test_values_that_together_make_a_dot_component_fail_their_item() -> None:
+    locations = Locations(Template("root/{a}{b}/x", a=[".", "y"], b=[".", "z"]), "url")
+    with pytest.raises(ValueError, match=r"'\.' or '\.\.'"):
+        locations[0]
+    assert locations[1] == "root/yz/x"
+    # A '.' the pattern itself holds is the user's own and is kept.
+    assert Locations(Template("./data/{index}"), "path", length=1)[0] == "./data/0"
+
+
+def test_locations_kinds_and_lengths() -> None:
+    assert Locations(lambda i: f"k{i}", "key", length=3)[2] == "k2"
+    assert Locations(["a", ("b", 0, 4)], "key")[1] == ("b", 0, 4)
+    with pytest.raises(IndexError):
+        Locations(["a"], "key")[1]
+    with pytest.raises(IndexError):
+        Locations(["a"], "key")[-1]
+    with pytest.raises(TypeError, match="length="):
+        Locations(lambda i: "x", "key")
+    with pytest.raises(TypeError, match="length="):
+        Locations(Template("{a}", a="scalar"), "key")
+    with pytest.raises(TypeError, match="one string"):
+        Locations("abc", "key")
+    with pytest.raises(ValueError, match="length=3"):
+        Locations(["a"], "key", length=3)

@@ -1,0 +1,179 @@
+"""ObjectStoreDataset on moto's S3 server (started here on 127.0.0.1), MemoryStore, LocalStore."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from moto.server import ThreadedMotoServer
+from obstore.store import LocalStore, MemoryStore
+
+from asyncloader import DataLoader, ObjectStoreDataset, Retry, Template
+
+CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+
+
+def payload(i: int) -> bytes:
+    return f"object {i:03d} ".encode() * (i + 1)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """A moto S3 server with bucket ``train``: ``data/000.bin`` … ``data/011.bin`` and a shard."""
+    import boto3
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket="train")
+    for i in reversed(range(12)):  # written out of order: listing must sort
+        client.put_object(Bucket="train", Key=f"data/{i:03d}.bin", Body=payload(i))
+    client.put_object(
+        Bucket="train", Key="shards/all.bin", Body=b"".join(payload(i) for i in range(12))
+    )
+    client.put_object(Bucket="train", Key="other/x.bin", Body=b"x")
+    try:
+        yield endpoint
+    finally:
+        client.close()
+        server.stop()
+
+
+def options(endpoint: str) -> dict[str, Any]:
+    return {"endpoint": endpoint, "allow_http": True, **CREDENTIALS}
+
+
+def items(dataset: ObjectStoreDataset, **settings: Any) -> list[Any]:
+    out: list[Any] = []
+    with DataLoader(dataset, collate_fn=list, **settings) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                out.extend(bytes(item) for item in next(iterator))
+            except StopIteration:
+                return out
+            except Exception as error:
+                out.append(error)
+
+
+def test_keys_by_url_with_an_endpoint(s3: str) -> None:
+    data = ObjectStoreDataset(
+        "s3://train/data", Template("{index:03d}.bin"), length=12, **options(s3)
+    )
+    assert items(data, batch_size=4, num_workers=2, item_concurrency=4) == [
+        payload(i) for i in range(12)
+    ]
+
+
+async def test_from_prefix_lists_sorted_keys(s3: str) -> None:
+    data = await ObjectStoreDataset.from_prefix("s3://train/data/", **options(s3))
+    assert len(data) == 12
+    async with DataLoader(data, batch_size=12, collate_fn=list, item_concurrency=6) as loader:
+        [batch] = [batch async for batch in loader]
+    assert [bytes(item) for item in batch] == [payload(i) for i in range(12)]
+
+
+async def test_from_prefix_of_nothing_is_a_clear_error(s3: str) -> None:
+    with pytest.raises(FileNotFoundError, match="no object under s3://train/empty"):
+        await ObjectStoreDataset.from_prefix("s3://train/empty/", **options(s3))
+
+
+def test_byte_ranges_read_samples_out_of_one_shard(s3: str) -> None:
+    offsets = [0]
+    for i in range(12):
+        offsets.append(offsets[-1] + len(payload(i)))
+    ranges = [("shards/all.bin", offsets[i], len(payload(i))) for i in range(12)]
+    data = ObjectStoreDataset("s3://train", ranges, **options(s3))
+    assert items(data, batch_size=3, num_workers=2) == [payload(i) for i in range(12)]
+
+
+def test_missing_keys_and_limits(s3: str) -> None:
+    data = ObjectStoreDataset(
+        "s3://train",
+        ["data/000.bin", "data/nope.bin", "data/011.bin", ("data/011.bin", 0, 500)],
+        max_bytes=100,
+        **options(s3),
+    )
+    out = items(data)
+    assert out[0] == payload(0)
+    assert type(out[1]) is FileNotFoundError
+    assert "data/nope.bin" in str(out[1])
+    assert type(out[2]) is ValueError
+    assert f"{len(payload(11))} bytes, over max_bytes=100" in str(out[2])
+    assert type(out[3]) is ValueError
+
+
+def test_errors_never_show_the_credentials(s3: str) -> None:
+    # moto accepts any credentials, so the failure here is a bucket that does not exist.
+    secret: dict[str, Any] = {
+        "access_key_id": "AKIDSECRET",
+        "secret_access_key": "hunter2",
+        "region": "us-east-1",
+    }
+    data = ObjectStoreDataset(
+        "s3://missing-bucket",
+        ["k"],
+        endpoint=s3,
+        allow_http=True,
+        retry=Retry(0, 0.01, 0.01),
+        **secret,
+    )
+    [error] = items(data)
+    assert isinstance(error, OSError)
+    assert "hunter2" not in str(error)
+    assert "AKIDSECRET" not in str(error)
+
+
+def test_retry_becomes_obstores_retry_config(s3: str) -> None:
+    from asyncloader.datasets._objectstore import _retry_config
+
+    config = _retry_config(Retry(5, 0.25, 2.0))
+    assert config["max_retries"] == 5
+    assert config["backoff"]["init_backoff"].total_seconds() == 0.25
+    assert config["backoff"]["max_backoff"].total_seconds() == 2.0
+
+
+def test_memory_and_local_stores(tmp_path: Path) -> None:
+    memory = MemoryStore()
+    for i in range(3):
+        obstore.put(memory, f"k/{i}", payload(i))
+    assert items(ObjectStoreDataset(memory, Template("k/{index}"), length=3)) == [
+        payload(i) for i in range(3)
+    ]
+    for i in range(3):
+        (tmp_path / f"{i}.bin").write_bytes(payload(i))
+    local = LocalStore(tmp_path)
+    assert items(ObjectStoreDataset(local, [f"{i}.bin" for i in range(3)])) == [
+        payload(i) for i in range(3)
+    ]
+    by_url = ObjectStoreDataset(f"file://{tmp_path}", ["2.bin"])
+    assert items(by_url) == [payload(2)]
+
+
+def test_items_share_obstores_buffer(tmp_path: Path) -> None:
+    memory = MemoryStore()
+    obstore.put(memory, "k", b"abcdef")
+    with DataLoader(ObjectStoreDataset(memory, ["k"]), collate_fn=list) as loader:
+        [item] = next(iter(loader))
+    assert memoryview(item).tobytes() == b"abcdef"
+    assert not isinstance(item, bytes)  # obstore's Bytes: no copy into a Python bytes
+
+
+def test_bad_urls_and_options_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="no supported scheme"):
+        ObjectStoreDataset("ftp://x/y?token=abc", ["k"])
+    with pytest.raises(TypeError, match="store URL"):
+        ObjectStoreDataset(MemoryStore(), ["k"], region="x")
+    with pytest.raises(ValueError, match="cannot open store"):
+        ObjectStoreDataset("s3://bucket", ["k"], not_an_option=1)
