@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._loader import DataLoader
+from .datasets import HttpDataset, Template
 
 SAMPLE_FLOATS = 1024
 """Each sample is 1,024 float32 values (4 KiB)."""
@@ -33,13 +36,25 @@ def serve_forever(latency_s: float) -> None:
     """The server process: aiohttp on 127.0.0.1; prints its port, serves until killed."""
     from aiohttp import web
 
+    in_flight = peak = 0
+
     async def handle(request: web.Request) -> web.Response:
-        await asyncio.sleep(latency_s)
-        return web.Response(body=sample(int(request.match_info["index"])))
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.sleep(latency_s)
+            return web.Response(body=sample(int(request.match_info["index"])))
+        finally:
+            in_flight -= 1
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"peak_in_flight": peak})
 
     async def serve() -> None:
         app = web.Application()
         app.router.add_get("/samples/{index}", handle)
+        app.router.add_get("/stats", stats)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
@@ -69,40 +84,11 @@ def serve_samples(latency_s: float) -> Iterator[str]:
             server.stdout.close()
 
 
-class HttpSamples:
-    """An async dataset of ``length`` samples under ``base_url`` (one aiohttp session per loop)."""
-
-    def __init__(self, base_url: str, length: int, connections: int) -> None:
-        self.base_url = base_url
-        self.length = length
-        self.connections = connections
-        self._session: Any = None
-        self.in_flight = 0
-        self.peak_in_flight = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    async def __getitem__(self, index: int) -> bytes:
-        import aiohttp
-
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.connections)
-            self._session = aiohttp.ClientSession(connector=connector)
-        self.in_flight += 1
-        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        try:
-            async with self._session.get(f"{self.base_url}/samples/{index}") as response:
-                response.raise_for_status()
-                body: bytes = await response.read()
-                return body
-        finally:
-            self.in_flight -= 1
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+def peak_in_flight(url: str) -> int:
+    """The most requests the sample server at ``url`` has had in flight at once."""
+    with urllib.request.urlopen(f"{url}/stats", timeout=10) as response:
+        peak: int = json.load(response)["peak_in_flight"]
+    return peak
 
 
 def decode(index: int, item: bytes) -> np.ndarray[Any, np.dtype[np.float32]]:
@@ -117,7 +103,7 @@ def run_demo(items: int, batch_size: int, in_flight: int, latency_s: float) -> d
     num_workers = 4
     item_concurrency = max(1, in_flight // num_workers)
     with serve_samples(latency_s) as url:
-        dataset = HttpSamples(url, items, connections=num_workers * item_concurrency)
+        dataset = HttpDataset(Template(url + "/samples/{index}"), length=items)
         with DataLoader(
             dataset,
             batch_size=batch_size,
@@ -134,19 +120,19 @@ def run_demo(items: int, batch_size: int, in_flight: int, latency_s: float) -> d
                     raise AssertionError(f"batch out of order at sample {seen}")
                 seen += len(batch)
             elapsed = time.perf_counter() - start
-            print(end="", flush=True)
+        peak = peak_in_flight(url)
     limit = num_workers * item_concurrency / latency_s
     figures = {
         "items": float(seen),
         "items_per_s": seen / elapsed,
         "batches_per_s": len(loader) / elapsed,
-        "peak_in_flight": float(dataset.peak_in_flight),
+        "peak_in_flight": float(peak),
         "limit_items_per_s": limit,
     }
     print(
         f"\n{seen} items in {elapsed:.2f} s: {figures['items_per_s']:,.0f} items/s, "
         f"{figures['batches_per_s']:,.1f} batches/s, "
-        f"{dataset.peak_in_flight} requests in flight at peak "
+        f"{peak} requests in flight at peak "
         f"(limit {num_workers * item_concurrency} / {latency_s * 1000:.0f} ms "
         f"= {limit:,.0f} items/s; {figures['items_per_s'] / limit:.0%} of it)"
     )

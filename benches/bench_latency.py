@@ -1,4 +1,4 @@
-"""Latency-bound: an async dataset whose items take 20 ms each, 64 requests in flight.
+"""Latency-bound: HttpDataset items that take 20 ms each, 64 requests in flight.
 
 Items come from an aiohttp server on loopback (its own process). The limit is
 in-flight / latency = 64 / 0.020 s = 3,200 items/s; the figure is the fraction of it reached,
@@ -13,8 +13,8 @@ import argparse
 import asyncio
 from typing import Any
 
-from asyncloader import DataLoader
-from asyncloader._demo import HttpSamples, serve_samples
+from asyncloader import DataLoader, HttpDataset, Template
+from asyncloader._demo import serve_samples
 
 from _common import interleave, median, save, table, timed
 
@@ -28,14 +28,14 @@ def settings() -> dict[str, Any]:
 
 
 def run_for(url: str, items: int) -> int:
-    dataset = HttpSamples(url, items, connections=IN_FLIGHT)
+    dataset = HttpDataset(Template(url + "/samples/{index}"), length=items)
     with DataLoader(dataset, collate_fn=list, **settings()) as loader:
         return sum(len(batch) for batch in loader)
 
 
 def run_async_for(url: str, items: int) -> int:
     async def epoch() -> int:
-        dataset = HttpSamples(url, items, connections=IN_FLIGHT)
+        dataset = HttpDataset(Template(url + "/samples/{index}"), length=items)
         async with DataLoader(dataset, collate_fn=list, **settings()) as loader:
             return sum([len(batch) async for batch in loader])
 
