@@ -27,12 +27,12 @@ SAMPLE_FLOATS = 1024
 """Each sample is 1,024 float32 values (4 KiB)."""
 
 
-def sample(index: int) -> bytes:
-    """The bytes the server sends for sample ``index``: ``SAMPLE_FLOATS`` copies of ``index``."""
-    return np.full(SAMPLE_FLOATS, index, dtype=np.float32).tobytes()
+def sample(index: int, floats: int = SAMPLE_FLOATS) -> bytes:
+    """The bytes the server sends for sample ``index``: ``floats`` copies of ``index``."""
+    return np.full(floats, index, dtype=np.float32).tobytes()
 
 
-def serve_forever(latency_s: float) -> None:
+def serve_forever(latency_s: float, floats: int = SAMPLE_FLOATS) -> None:
     """The server process: aiohttp on 127.0.0.1; prints its port, serves until killed."""
     from aiohttp import web
 
@@ -44,7 +44,7 @@ def serve_forever(latency_s: float) -> None:
         peak = max(peak, in_flight)
         try:
             await asyncio.sleep(latency_s)
-            return web.Response(body=sample(int(request.match_info["index"])))
+            return web.Response(body=sample(int(request.match_info["index"]), floats))
         finally:
             in_flight -= 1
 
@@ -66,10 +66,10 @@ def serve_forever(latency_s: float) -> None:
 
 
 @contextmanager
-def serve_samples(latency_s: float) -> Iterator[str]:
+def serve_samples(latency_s: float, floats: int = SAMPLE_FLOATS) -> Iterator[str]:
     """Run a sample server in a process of its own (so it takes no CPU from the loader's
     interpreter, as a real remote server would not); yield its base URL."""
-    code = f"from asyncloader._demo import serve_forever; serve_forever({latency_s!r})"
+    code = f"from asyncloader._demo import serve_forever; serve_forever({latency_s!r}, {floats})"
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

@@ -37,6 +37,7 @@ class FaultServer:
         app.router.add_get("/reset/{key}", self.reset)
         app.router.add_get("/short/{key}", self.short)
         app.router.add_get("/slow/{key}", self.slow)
+        app.router.add_get("/slow-body/{key}", self.slow_body)
         app.router.add_get("/chunked/{size}/{key}", self.chunked)
         app.router.add_get("/liar/{key}", self.liar)
         app.router.add_get("/redirect/{key}", self.redirect)
@@ -89,6 +90,15 @@ class FaultServer:
         self._hit(request)
         await asyncio.sleep(5)
         return web.Response(body=b"late")
+
+    async def slow_body(self, request: web.Request) -> web.StreamResponse:
+        self._hit(request)
+        response = web.StreamResponse(headers={"Content-Length": "2000"})
+        await response.prepare(request)
+        await response.write(b"s" * 1000)  # headers and half the body at once, then a stall
+        await asyncio.sleep(5)
+        await response.write(b"s" * 1000)
+        return response
 
     async def chunked(self, request: web.Request) -> web.StreamResponse:
         self._hit(request)

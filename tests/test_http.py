@@ -105,8 +105,8 @@ def test_resets_and_short_bodies_are_retried(server: FaultServer, fault: str) ->
     assert server.hits[path] == 3
 
 
-def test_a_slow_response_times_out_per_attempt(server: FaultServer) -> None:
-    path = "/slow/k"
+@pytest.mark.parametrize("path", ["/slow/k", "/slow-body/k"])
+def test_a_slow_response_or_body_times_out_per_attempt(server: FaultServer, path: str) -> None:
     error = fetch(HttpDataset([server.url + path], retry=Retry(1, 0.001, 0.01), timeout=0.1))
     assert type(error) is TimeoutError
     assert "after 2 attempts" in str(error)
@@ -198,3 +198,18 @@ def test_invalid_settings_fail_at_construction(server: FaultServer) -> None:
         Retry(max_retries=-1)
     with pytest.raises(ValueError, match="max_backoff"):
         Retry(initial_backoff=2, max_backoff=1)
+
+
+def test_retry_delays_double_with_jitter_and_honour_retry_after() -> None:
+    from asyncloader.datasets._http import _retry_after
+
+    retry = Retry(max_retries=5, initial_backoff=0.1, max_backoff=1.0)
+    for attempt, base in [(0, 0.1), (1, 0.2), (2, 0.4), (3, 0.8), (4, 1.0), (9, 1.0)]:
+        delays = [retry.delay(attempt) for _ in range(200)]
+        assert all(base / 2 <= d <= base for d in delays)
+        assert len(set(delays)) > 1  # the second half is random
+    assert retry.delay(0, retry_after=0.5) == 0.5
+    assert retry.delay(0, retry_after=3600) == 1.0
+    assert _retry_after("2") == 2.0
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert _retry_after("-1") is None
