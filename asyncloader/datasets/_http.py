@@ -79,9 +79,10 @@ class HttpDataset:
         max_redirects: int = 10,
     ) -> None:
         try:
-            import aiohttp  # noqa: F401  (fail at construction, not per item)
+            import aiohttp  # imported here so that aiohttp stays an optional dependency
         except ImportError as error:
             raise ImportError("HttpDataset needs aiohttp: pip install asyncloader[http]") from error
+        self._aiohttp: Any = aiohttp
         self.locations = Locations(locations, "url", length)
         self.headers = dict(headers or {})
         checked = check_timeout("timeout", timeout)
@@ -100,19 +101,18 @@ class HttpDataset:
         return len(self.locations)
 
     def _session(self) -> aiohttp.ClientSession:
-        import aiohttp
-
         loop = asyncio.get_running_loop()
-        if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
-            self._pid, self._sessions = os.getpid(), {}
         entry = self._sessions.get(id(loop))
         if entry is not None and entry[0] is loop and not entry[1].closed:
             return entry[1]
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        session = aiohttp.ClientSession(
+        if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
+            self._pid, self._sessions = os.getpid(), {}
+        client = self._aiohttp
+        connector = client.TCPConnector(limit=0, limit_per_host=0)
+        session: aiohttp.ClientSession = client.ClientSession(
             connector=connector,
             headers=self.headers,
-            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            timeout=client.ClientTimeout(total=self.timeout),
         )
         self._sessions[id(loop)] = (loop, session)
         return session
@@ -124,15 +124,13 @@ class HttpDataset:
         return await retrying(self.retry, lambda: self._attempt(session, url))
 
     async def _attempt(self, session: aiohttp.ClientSession, url: str) -> bytes:
-        import aiohttp
-
-        shown = redact_url(url)
+        aiohttp = self._aiohttp
         try:
             async with session.get(url, max_redirects=self.max_redirects) as response:
                 status = response.status
                 if status >= 400:
                     raise AttemptFailed(
-                        _status_error(status, shown),
+                        _status_error(status, redact_url(url)),
                         transient=status in TRANSIENT_STATUSES,
                         retry_after=_retry_after(response.headers.get("Retry-After")),
                     )
@@ -142,35 +140,41 @@ class HttpDataset:
                 if declared is not None and declared > self.max_bytes:
                     raise AttemptFailed(
                         ValueError(
-                            f"GET {shown}: Content-Length {declared} is over "
+                            f"GET {redact_url(url)}: Content-Length {declared} is over "
                             f"max_bytes={self.max_bytes}"
                         ),
                         transient=False,
                     )
-                return await _read_at_most(response.content, self.max_bytes, shown)
+                return await _read_at_most(response.content, self.max_bytes, url)
         except AttemptFailed:
             raise
         except asyncio.TimeoutError:
             raise AttemptFailed(
-                TimeoutError(f"GET {shown}: no complete response within {self.timeout} s"),
+                TimeoutError(
+                    f"GET {redact_url(url)}: no complete response within {self.timeout} s"
+                ),
                 transient=True,
             ) from None
         except aiohttp.ClientPayloadError:
             raise AttemptFailed(
-                OSError(f"GET {shown}: the body ended before its Content-Length"), transient=True
+                OSError(f"GET {redact_url(url)}: the body ended before its Content-Length"),
+                transient=True,
             ) from None
         except aiohttp.TooManyRedirects:
             raise AttemptFailed(
-                OSError(f"GET {shown}: more than {self.max_redirects} redirects"), transient=False
+                OSError(f"GET {redact_url(url)}: more than {self.max_redirects} redirects"),
+                transient=False,
             ) from None
         except aiohttp.ClientConnectionError as error:
             raise AttemptFailed(
-                ConnectionError(f"GET {shown}: connection failed ({type(error).__name__})"),
+                ConnectionError(
+                    f"GET {redact_url(url)}: connection failed ({type(error).__name__})"
+                ),
                 transient=True,
             ) from None
         except (aiohttp.ClientError, ValueError) as error:
             raise AttemptFailed(
-                OSError(f"GET {shown}: {type(error).__name__}"), transient=False
+                OSError(f"GET {redact_url(url)}: {type(error).__name__}"), transient=False
             ) from None
 
     async def aclose(self) -> None:
@@ -201,7 +205,7 @@ def _status_error(status: int, shown: str) -> OSError:
     return OSError(message)
 
 
-async def _read_at_most(content: Any, max_bytes: int, shown: str) -> bytes:
+async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
     """Read a body of unknown or untrusted length, failing as soon as it passes the limit."""
     chunks: list[bytes] = []
     size = 0
@@ -212,7 +216,7 @@ async def _read_at_most(content: Any, max_bytes: int, shown: str) -> bytes:
         size += len(chunk)
         if size > max_bytes:
             raise AttemptFailed(
-                ValueError(f"GET {shown}: the body is over max_bytes={max_bytes}"),
+                ValueError(f"GET {redact_url(url)}: the body is over max_bytes={max_bytes}"),
                 transient=False,
             )
         chunks.append(chunk)

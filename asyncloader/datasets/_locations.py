@@ -219,8 +219,15 @@ class Locations:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} is out of range for {self.length} items")
         if self._template is not None:
-            location: Location = self._template.render(index, self._escape)
-        elif self._list is not None:
+            rendered = self._template.render(index, self._escape)
+            # Values can only make a '.'/'..' component with a '.' (or an empty value next to
+            # a literal '.'): the full check runs only then.
+            if "." in rendered and _dot_components(rendered, self.target) > self._dots:
+                raise ValueError(
+                    f"location of item {index}: its values make a '.' or '..' component"
+                )
+            return rendered
+        if self._list is not None:
             location = self._list[index]
         else:
             assert self._function is not None
@@ -228,6 +235,4 @@ class Locations:
         key = location[0] if isinstance(location, tuple) else location
         if not isinstance(key, str):
             raise TypeError(f"location of item {index} is not a str: {key!r}")
-        if self._template is not None and _dot_components(key, self.target) > self._dots:
-            raise ValueError(f"location of item {index}: its values make a '.' or '..' component")
         return location
