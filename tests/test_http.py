@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import Iterator
@@ -213,3 +214,32 @@ def test_retry_delays_double_with_jitter_and_honour_retry_after() -> None:
     assert _retry_after("2") == 2.0
     assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
     assert _retry_after("-1") is None
+
+
+async def test_one_session_per_loop_for_both_consumption_modes(server: FaultServer) -> None:
+    data = HttpDataset([server.url + "/ok/2"] * 4)
+    loader = DataLoader(data, batch_size=4, collate_fn=list, num_workers=1)
+    assert [batch async for batch in loader] == [[body(2)] * 4]
+    assert await asyncio.to_thread(lambda: list(loader)) == [[body(2)] * 4]
+    sessions = [session for _, session in data._sessions.values()]
+    assert len(sessions) == 2  # this loop's and the loader's own
+    await loader.aclose()
+    assert all(session.closed for session in sessions)
+
+
+def test_a_forked_child_opens_its_own_session(server: FaultServer) -> None:
+    import os
+    import warnings
+
+    data = HttpDataset([server.url + "/ok/3"] * 4)
+    with DataLoader(data, batch_size=2, collate_fn=list, num_workers=1) as loader:
+        assert len(list(loader)) == 2
+        with warnings.catch_warnings():  # CPython >= 3.12 warns at fork() with threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: a whole epoch through its own loop and session
+            ok = [item for batch in loader for item in batch] == [body(3)] * 4
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert len(list(loader)) == 2  # the parent goes on
