@@ -11,6 +11,7 @@ The layers, from the user inwards (see README.md beside this file for the tree):
 
 from ._collate import default_collate as default_collate
 from ._loader import DataLoader as DataLoader
+from ._sampler import DistributedSampler as DistributedSampler
 from ._sampler import RandomSampler as RandomSampler
 from ._sampler import Sampler as Sampler
 from ._sampler import SequentialSampler as SequentialSampler
@@ -25,6 +26,7 @@ from .datasets import Template as Template
 __all__ = [
     "Compose",
     "DataLoader",
+    "DistributedSampler",
     "FileDataset",
     "HttpDataset",
     "ObjectStoreDataset",

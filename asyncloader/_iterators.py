@@ -24,6 +24,7 @@ from ._driver import Batch, Work, drive
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
 from ._source import fetch_batch
+from ._state import Progress
 from ._transform import Transform
 
 CANCEL_WAIT_S: Final = 5.0
@@ -49,7 +50,9 @@ class DirectIterator:
         transform: Transform | None,
         collate: Callable[[list[Any]], Any],
         with_indices: bool,
+        progress: Progress,
     ) -> None:
+        self._progress = progress
         self._dataset: Any = dataset
         self._batches = batches
         self._transform = transform
@@ -65,10 +68,12 @@ class DirectIterator:
 
     def __next__(self) -> Any:
         if self._position >= len(self._batches):
+            self._progress.done = True
             self.close()
             raise StopIteration
         indices = self._batches[self._position]
         self._position += 1
+        self._progress.received += 1  # the batch, or its error, is the consumer's now
         items = fetch_batch(self._dataset, indices)
         transform = self._transform
         if transform is not None:
@@ -100,7 +105,9 @@ class ThreadedIterator:
         prefetch_depth: int,
         timeout: float | None,
         with_indices: bool,
+        progress: Progress,
     ) -> None:
+        self._progress = progress
         self._runtime = runtime
         self._timeout = timeout
         self._with_indices = with_indices
@@ -132,8 +139,10 @@ class ThreadedIterator:
             raise
         if value is END:
             self._open = False
+            self._progress.done = True
             raise StopIteration
         self._remaining -= 1
+        self._progress.received += 1
         return _unwrap(value, self._with_indices)
 
     def close(self) -> None:
@@ -170,7 +179,9 @@ class AsyncIterator:
         prefetch_depth: int,
         timeout: float | None,
         with_indices: bool,
+        progress: Progress,
     ) -> None:
+        self._progress = progress
         self._work: Work | None = work
         self._batches = batches
         self._remaining = len(batches)
@@ -204,8 +215,10 @@ class AsyncIterator:
             raise
         if value is END:
             self._open = False
+            self._progress.done = True
             raise StopAsyncIteration
         self._remaining -= 1
+        self._progress.received += 1
         return _unwrap(value, self._with_indices)
 
     async def aclose(self) -> None:

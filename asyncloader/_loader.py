@@ -12,11 +12,13 @@ from types import TracebackType
 from typing import Any, Final
 
 from ._collate import default_collate
+from ._distributed import resolve_ranks
 from ._driver import Work
 from ._iterators import AsyncIterator, DirectIterator, ThreadedIterator
 from ._pin import pin_batch, pinning_available
 from ._runtime import Runtime
 from ._sampler import (
+    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -27,6 +29,15 @@ from ._sampler import (
 )
 from ._settings import Settings, check_bool, check_int
 from ._source import Source, is_async_dataset
+from ._state import (
+    FORMAT,
+    Progress,
+    Resume,
+    check_compatible,
+    elastic_indices,
+    order_of,
+    sampler_state,
+)
 from ._transform import Transform
 
 logger = logging.getLogger("asyncloader")
@@ -64,6 +75,11 @@ class DataLoader:
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` waits forever.
         pin_memory: Pin torch batches (a no-op with a warning when CUDA is absent).
+        rank: This process's rank; by default ``torch.distributed``'s when it is initialised,
+            else ``RANK`` from the environment (torchrun sets it), else 0.
+        world_size: The number of ranks, found the same way (else 1). With more than one
+            rank and no ``sampler``, each rank reads its share through a
+            :class:`DistributedSampler` (``shuffle``, ``seed`` and ``drop_last`` passed on).
 
     Raises:
         TypeError: A setting has the wrong type, or the dataset is not a map-style dataset.
@@ -87,6 +103,8 @@ class DataLoader:
         cpu_threads: int | None = None,
         timeout: float | None = None,
         pin_memory: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self._settings = Settings.build(
             batch_size=batch_size,
@@ -98,10 +116,13 @@ class DataLoader:
             timeout=timeout,
             pin_memory=pin_memory,
         )
-        check_bool("shuffle", shuffle)
+        self._shuffle = check_bool("shuffle", shuffle)
         _check_callable("transform", transform)
         _check_callable("collate_fn", collate_fn)
+        self._seed_given = seed is not None
         self._seed = secrets.randbits(63) if seed is None else check_int("seed", seed, 0)
+        self._rank, self._world_size = resolve_ranks(rank, world_size)
+        self._owns_sampler = sampler is None
         if sampler is not None:
             if shuffle:
                 raise ValueError("sampler and shuffle=True are exclusive; pass one of them")
@@ -109,7 +130,7 @@ class DataLoader:
                 raise TypeError(f"sampler must be an iterable of int, got {sampler!r}")
             self._sampler: object = sampler
         else:
-            self._sampler = RandomSampler(self._seed) if shuffle else SequentialSampler()
+            self._sampler = self._default_sampler()
         self._is_async = is_async_dataset(dataset)
         self._dataset = dataset
         self._transform = transform
@@ -119,7 +140,21 @@ class DataLoader:
         else:
             self._collate = collate
         self._epoch = 0
+        self._progress: Progress | None = None
+        self._resume: Resume | None = None
+        self._sampler_state_at_start: Any = None
         self._runtime: Runtime | None = None
+
+    def _default_sampler(self) -> Sampler:
+        if self._world_size > 1:
+            return DistributedSampler(
+                self._world_size,
+                self._rank,
+                shuffle=self._shuffle,
+                seed=self._seed,
+                drop_last=self._settings.drop_last,
+            )
+        return RandomSampler(self._seed) if self._shuffle else SequentialSampler()
 
     # -- the settings, read-only ------------------------------------------------------------
 
@@ -164,13 +199,105 @@ class DataLoader:
         return self._seed
 
     @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks sharing each epoch."""
+        return self._world_size
+
+    @property
     def epoch(self) -> int:
         """The number of the epoch the next iteration runs (0 for the first)."""
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run epoch ``epoch`` (its order is drawn from it)."""
+        """Make the next iteration run epoch ``epoch`` (its order is drawn from it).
+
+        A loaded state still applies if its epoch is the one that runs next; an epoch left
+        unfinished is forgotten, so :meth:`state_dict` then names epoch ``epoch``.
+        """
         self._epoch = check_int("epoch", epoch, 0)
+        self._progress = None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, as a small JSON-serialisable dict.
+
+        It counts the batches the consumer received (a failed batch too), never the ones
+        merely prefetched. Between epochs it names the next epoch with 0 batches received.
+        """
+        progress = self._progress
+        if progress is not None and not progress.done:
+            epoch, received, custom = (
+                progress.epoch,
+                progress.received,
+                self._sampler_state_at_start,
+            )
+        else:
+            epoch, received = self._epoch, 0
+            custom = self._custom_sampler_state()
+        return {
+            "format": FORMAT,
+            "epoch": epoch,
+            "batches_received": received,
+            "seed": self._seed,
+            "dataset_length": len(self._dataset),
+            "batch_size": self._settings.batch_size,
+            "drop_last": self._settings.drop_last,
+            "world_size": self._world_size,
+            "rank": self._rank,
+            "sampler": sampler_state(self._sampler, custom),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next epoch yields the batches it had not yet handed over.
+
+        Loaded by a different number of ranks than saved it, the epoch continues elastically:
+        this rank gets its share of the samples that no rank had received.
+
+        Raises:
+            ValueError: The state comes from an incompatible loader (another format, dataset
+                length, batch size, ``drop_last`` or sampler order); the message says which.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"a loader state is a dict, got {type(state).__name__}")
+        saved_seed = state.get("seed")
+        if self._owns_sampler and not self._seed_given and isinstance(saved_seed, int):
+            # The seed was drawn from the OS: adopt the saved one, so the order is the same.
+            self._seed = saved_seed
+            self._sampler = self._default_sampler()
+        check_compatible(state, self._describe())
+        saved_sampler = state["sampler"]
+        if saved_sampler.get("kind") == "custom":
+            self._sampler.load_state_dict(saved_sampler["state"])  # type: ignore[attr-defined]
+        order = order_of(self._sampler) or (False, 0)
+        self._epoch = state["epoch"]
+        self._progress = None
+        self._resume = Resume(
+            epoch=state["epoch"],
+            batches=state["batches_received"],
+            world_size=state["world_size"],
+            shuffle=order[0],
+            seed=order[1],
+        )
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "dataset_length": len(self._dataset),
+            "batch_size": self._settings.batch_size,
+            "drop_last": self._settings.drop_last,
+            "sampler": sampler_state(self._sampler, None),
+        }
+
+    def _custom_sampler_state(self) -> Any:
+        if isinstance(self._sampler, Sampler):
+            return None
+        get_state = getattr(self._sampler, "state_dict", None)
+        return get_state() if callable(get_state) else None
 
     def __len__(self) -> int:
         """The number of batches per epoch (PyTorch's convention).
@@ -183,11 +310,48 @@ class DataLoader:
 
     # -- epochs -----------------------------------------------------------------------------
 
-    def _start_epoch(self) -> list[list[int]]:
-        """Fix the batches of the next epoch (the sampler is read whole, now)."""
-        indices = read_sampler(self._sampler, len(self._dataset), self._epoch)
-        self._epoch += 1
-        return cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
+    def _start_epoch(self) -> tuple[list[list[int]], Progress]:
+        """Fix the batches of the next epoch (the sampler is read whole, now).
+
+        After a loaded state, the batches already received are left out, never fetched.
+        """
+        epoch, length = self._epoch, len(self._dataset)
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.epoch != epoch:
+            resume = None
+        skip = 0
+        if resume is not None and resume.world_size != self._world_size:
+            indices = self._elastic_indices(resume, length)
+        else:
+            self._sampler_state_at_start = self._custom_sampler_state()
+            indices = read_sampler(self._sampler, length, epoch)
+            skip = resume.batches if resume is not None else 0
+        batches = cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
+        self._epoch = epoch + 1
+        progress = Progress(epoch, received=min(skip, len(batches)))
+        self._progress = progress
+        return batches[skip:], progress
+
+    def _elastic_indices(self, resume: Resume, length: int) -> list[int]:
+        order = order_of(self._sampler)
+        if order is None:
+            raise ValueError(
+                f"a state saved by {resume.world_size} ranks can only be loaded by "
+                f"{self._world_size} with a built-in sampler"
+            )
+        shared = (
+            self._sampler.global_order(length, resume.epoch)
+            if isinstance(self._sampler, DistributedSampler)
+            else read_sampler(self._sampler, length, resume.epoch)
+        )
+        return elastic_indices(
+            shared,
+            resume.world_size,
+            resume.batches * self._settings.batch_size,
+            self._world_size,
+            self._rank,
+            self._settings.drop_last,
+        )
 
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.
@@ -212,11 +376,11 @@ class DataLoader:
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         settings = self._settings
-        batches = self._start_epoch()
+        batches, progress = self._start_epoch()
         direct = not self._is_async and settings.num_workers == 0
         if direct and settings.item_concurrency == 1:
             return DirectIterator(
-                self._dataset, batches, self._transform, self._collate, with_indices
+                self._dataset, batches, self._transform, self._collate, with_indices, progress
             )
         runtime = self._runtime_here()
         return ThreadedIterator(
@@ -226,16 +390,18 @@ class DataLoader:
             settings.prefetch_depth,
             settings.timeout,
             with_indices,
+            progress,
         )
 
     def _aiterate(self, with_indices: bool) -> AsyncIterator:
-        batches = self._start_epoch()
+        batches, progress = self._start_epoch()
         return AsyncIterator(
             self._work(self._runtime_here()),
             batches,
             self._settings.prefetch_depth,
             self._settings.timeout,
             with_indices,
+            progress,
         )
 
     def __iter__(self) -> Iterator[Any]:

@@ -52,12 +52,86 @@ class RandomSampler(Sampler):
 
     def indices(self, length: int, epoch: int) -> Sequence[int]:
         """Return the permutation of ``range(length)`` for ``epoch``."""
-        rng = np.random.default_rng([self.seed, epoch])
-        result: list[int] = rng.permutation(length).tolist()
-        return result
+        return _permutation(length, self.seed, epoch)
 
     def __repr__(self) -> str:
         return f"RandomSampler(seed={self.seed})"
+
+
+def _permutation(length: int, seed: int, epoch: int) -> list[int]:
+    result: list[int] = np.random.default_rng([seed, epoch]).permutation(length).tolist()
+    return result
+
+
+def shard(indices: Sequence[int], num_replicas: int, rank: int, drop_last: bool) -> list[int]:
+    """``rank``'s share of ``indices``, as torch's ``DistributedSampler`` takes it.
+
+    Without ``drop_last`` the list is padded with its own first indices (repeated if need be)
+    to a multiple of ``num_replicas``; with it, the tail is dropped. Rank ``r`` then takes
+    positions ``r, r + num_replicas, r + 2 * num_replicas, ...``.
+    """
+    total = len(indices)
+    per_rank = total // num_replicas if drop_last else -(-total // num_replicas)
+    size = per_rank * num_replicas
+    padded = list(indices)
+    if size > total and total:
+        padding = size - total
+        padded += (padded * (padding // total + 1))[:padding]
+    return padded[:size][rank:size:num_replicas]
+
+
+class DistributedSampler(Sampler):
+    """One rank's share of each epoch, as torch's ``DistributedSampler`` defines it.
+
+    Every rank draws the same permutation from ``(seed, epoch)`` (or keeps the order without
+    ``shuffle``) and takes a disjoint share: positions ``rank, rank + num_replicas, ...``.
+    Without ``drop_last`` the epoch is padded with its first indices so every rank gets the
+    same number; with it, the tail that does not divide evenly is dropped.
+
+    Args:
+        num_replicas: The number of ranks (``world_size``).
+        rank: This rank, from 0 to ``num_replicas - 1``.
+        shuffle: Permute each epoch.
+        seed: The seed every rank shares.
+        drop_last: Drop the tail instead of padding.
+    """
+
+    def __init__(
+        self,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.num_replicas = check_int("num_replicas", num_replicas, 1)
+        self.rank = check_int("rank", rank, 0)
+        if rank >= num_replicas:
+            raise ValueError(f"rank must be below num_replicas={num_replicas}, got {rank}")
+        self.shuffle = shuffle
+        self.seed = check_int("seed", seed, 0)
+        self.drop_last = drop_last
+
+    def global_order(self, length: int, epoch: int) -> list[int]:
+        """The order of the whole epoch that every rank shares (before sharding)."""
+        return _permutation(length, self.seed, epoch) if self.shuffle else list(range(length))
+
+    def indices(self, length: int, epoch: int) -> Sequence[int]:
+        """This rank's share of epoch ``epoch``."""
+        order = self.global_order(length, epoch)
+        return shard(order, self.num_replicas, self.rank, self.drop_last)
+
+    def num_samples(self, length: int) -> int:
+        """The indices each rank gets per epoch."""
+        if self.drop_last:
+            return length // self.num_replicas
+        return -(-length // self.num_replicas)
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedSampler(num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last})"
+        )
 
 
 def read_sampler(sampler: object, length: int, epoch: int) -> list[int]:

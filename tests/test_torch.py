@@ -6,10 +6,12 @@ this project's machines for Python 3.11 only, the version CI runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from asyncloader import DataLoader, default_collate
+from asyncloader import DataLoader, DistributedSampler, default_collate
 
 from .datasets import SyncData
 
@@ -53,3 +55,32 @@ def test_pin_memory_without_cuda_warns_and_pins_nothing() -> None:
         loader = DataLoader(SyncData(4), batch_size=2, pin_memory=True, num_workers=1)
     with loader:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n", [10, 11, 12])
+def test_ranks_take_disjoint_shares_like_torch(n: int, drop_last: bool) -> None:
+    for shuffle in (False, True):
+        shares = []
+        for rank in range(3):
+            ours = list(
+                DistributedSampler(3, rank, shuffle, seed=1, drop_last=drop_last).indices(n, 0)
+            )
+            shares.append(ours)
+            if not shuffle:
+                sampler: Any = torch.utils.data.DistributedSampler(
+                    range(n),  # type: ignore[arg-type]
+                    num_replicas=3,
+                    rank=rank,
+                    shuffle=False,
+                    drop_last=drop_last,
+                )
+                theirs = list(sampler)
+                assert ours == theirs
+        assert len({len(share) for share in shares}) == 1
+        flat = [i for share in shares for i in share]
+        if drop_last:
+            assert len(set(flat)) == len(flat) == n - n % 3
+        else:
+            assert set(flat) == set(range(n))
+            assert len(flat) == -(-n // 3) * 3

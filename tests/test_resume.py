@@ -1,0 +1,215 @@
+"""Exact mid-epoch resume, sharding across ranks, and elastic resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader, DistributedSampler
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+from .datasets import SyncData
+
+
+class StatefulSampler:
+    """A custom sampler with its own state: each epoch it rotates the order by one more."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.shift = 0
+
+    def __iter__(self) -> Iterator[int]:
+        order = [(i + self.shift) % self.n for i in range(self.n)]
+        self.shift += 1
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict[str, int]:
+        return {"shift": self.shift}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.shift = state["shift"]
+
+
+SAMPLERS: dict[str, Any] = {
+    "sequential": {},
+    "shuffle": {"shuffle": True, "seed": 5},
+    "list": {"sampler": [9, 2, 7, 1, 0, 4, 3, 8, 6, 5, 10]},
+    "stateful": {"sampler": "stateful"},
+    "distributed-rank-1-of-2": {"shuffle": True, "seed": 2, "rank": 1, "world_size": 2},
+}
+
+
+def _loader(sampler: str, drop_last: bool, num_workers: int, item_concurrency: int) -> DataLoader:
+    settings = dict(SAMPLERS[sampler])
+    if settings.get("sampler") == "stateful":
+        settings["sampler"] = StatefulSampler(11)
+    return DataLoader(
+        SyncData(11),
+        batch_size=3,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+        **settings,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 3)])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_resume_is_exact_from_every_point(
+    sampler: str, drop_last: bool, num_workers: int, item_concurrency: int, mode: str
+) -> None:
+    points = assert_equal_output_after_checkpoint(
+        lambda: _loader(sampler, drop_last, num_workers, item_concurrency), epochs=2, mode=mode
+    )
+    # Every batch of two epochs, plus each epoch's end, was a restore point.
+    assert points == 2 * len(_loader(sampler, drop_last, num_workers, item_concurrency)) + 2
+
+
+def test_the_checker_catches_a_loader_that_does_not_resume() -> None:
+    class Forgetful(DataLoader):
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="differs or is missing"):
+        assert_equal_output_after_checkpoint(lambda: Forgetful(SyncData(6), batch_size=2))
+
+
+def test_the_state_counts_what_was_received_not_prefetched() -> None:
+    data = SyncData(40)
+    with DataLoader(data, batch_size=4, num_workers=4, prefetch_depth=2) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        data.probe.wait_for(lambda: len(data.probe.started) >= 4 * 6)  # 6 batches fetched
+        state = loader.state_dict()
+    assert state["batches_received"] == 1
+    assert state["epoch"] == 0
+    json.dumps(state)
+
+
+def test_resume_does_not_fetch_the_batches_already_received() -> None:
+    with DataLoader(SyncData(40), batch_size=4, num_workers=2) as first:
+        iterator = iter(first)
+        for _ in range(7):
+            next(iterator)
+        state = first.state_dict()
+    data = SyncData(40)
+    with DataLoader(data, batch_size=4, num_workers=2) as second:
+        second.load_state_dict(state)
+        rest = [batch.tolist() for batch in second]
+    assert rest == [list(range(i, i + 4)) for i in range(28, 40, 4)]
+    assert min(data.probe.started) == 28
+
+
+def test_a_failed_batch_counts_as_received() -> None:
+    data = SyncData(12)
+    data.fail_at = {4}
+    with DataLoader(data, batch_size=4) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        with pytest.raises(Exception, match="4"):
+            next(iterator)
+        assert loader.state_dict()["batches_received"] == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format": 99}, "format"),
+        ({"dataset_length": 5}, "dataset_length"),
+        ({"batch_size": 2}, "batch_size"),
+        ({"drop_last": True}, "drop_last"),
+        ({"epoch": -1}, "epoch"),
+        ({"sampler": {"kind": "random", "seed": 77}}, "orders the epoch"),
+        ({"sampler": {"kind": "custom", "state": {}}}, "kind"),
+    ],
+)
+def test_incompatible_states_are_refused_saying_what_differs(
+    change: dict[str, Any], message: str
+) -> None:
+    with DataLoader(SyncData(12), batch_size=3, shuffle=True, seed=1) as loader:
+        state = {**loader.state_dict(), **change}
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(state)
+    with pytest.raises(ValueError, match="dict"):
+        DataLoader(SyncData(1)).load_state_dict([])  # type: ignore[arg-type]
+
+
+def test_an_os_drawn_seed_is_taken_from_the_state() -> None:
+    with DataLoader(SyncData(20), batch_size=20, shuffle=True) as first:
+        order = next(iter(first)).tolist()
+        first.set_epoch(0)
+        state = first.state_dict()
+    with DataLoader(SyncData(20), batch_size=20, shuffle=True) as second:
+        second.load_state_dict(state)
+        assert next(iter(second)).tolist() == order
+
+
+def test_set_epoch_keeps_a_loaded_state_for_that_epoch() -> None:
+    with DataLoader(SyncData(12), batch_size=3, shuffle=True, seed=4) as first:
+        first.set_epoch(3)
+        iterator = iter(first)
+        taken = [next(iterator).tolist() for _ in range(2)]
+        state = first.state_dict()
+        rest_expected = [batch.tolist() for batch in iterator]
+    assert state["epoch"] == 3
+    with DataLoader(SyncData(12), batch_size=3, shuffle=True, seed=4) as second:
+        second.load_state_dict({**state, "batches_received": 2})
+        second.set_epoch(3)  # what a PyTorch-style loop does before each epoch
+        assert [batch.tolist() for batch in second] == rest_expected
+    assert len(taken) == 2
+
+
+def test_rank_and_world_size_default_to_torchruns_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = DataLoader(SyncData(10), batch_size=5, shuffle=True, seed=3)
+    assert (loader.rank, loader.world_size) == (1, 2)
+    assert isinstance(loader.sampler, DistributedSampler)
+    other = DataLoader(SyncData(10), batch_size=5, shuffle=True, seed=3, rank=0)
+    seen = [i for batch in loader for i in batch.tolist()] + [
+        i for batch in other for i in batch.tolist()
+    ]
+    assert sorted(seen) == list(range(10))
+    with pytest.raises(ValueError, match="rank"):
+        DataLoader(SyncData(10), rank=2, world_size=2)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK"):
+        DataLoader(SyncData(10))
+
+
+@pytest.mark.parametrize(("saved_ranks", "new_ranks"), [(2, 1), (2, 3), (3, 2), (1, 2)])
+def test_elastic_resume_covers_each_sample_exactly_once(saved_ranks: int, new_ranks: int) -> None:
+    n, batch_size, taken = 60, 2, 3
+
+    def loader(rank: int, world: int) -> DataLoader:
+        return DataLoader(
+            SyncData(n), batch_size=batch_size, shuffle=True, seed=8, rank=rank, world_size=world
+        )
+
+    received: list[int] = []
+    states = []
+    for rank in range(saved_ranks):
+        with loader(rank, saved_ranks) as first:
+            iterator = iter(first)
+            for _ in range(taken):
+                received += next(iterator).tolist()
+            states.append(first.state_dict())
+    for rank in range(new_ranks):
+        with loader(rank, new_ranks) as second:
+            second.load_state_dict(states[0])  # any rank's state: ranks move in lockstep
+            received += [i for batch in second for i in batch.tolist()]
+            assert second.epoch == 1
+            # Later epochs are the plain new sharding.
+            assert len(list(second)) == len(second)
+    # 60 - 2 * 3 * saved_ranks leftover samples divide evenly among the new ranks here.
+    assert sorted(received) == list(range(n))
