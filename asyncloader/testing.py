@@ -33,8 +33,8 @@ def _plain(batch: Any) -> Any:
 def _run(loader: DataLoader, epochs: int, mode: str, until: int | None = None) -> list[Any]:
     """``(epoch, indices, batch)`` for every batch of ``epochs`` epochs, and states after each.
 
-    Returns a list of ``(record, state_after)`` pairs; an epoch's end adds a pair whose record
-    is ``None`` (the state once the epoch is over).
+    Returns a list of ``(record, state_after)`` pairs; the start and each epoch's end add a pair
+    whose record is ``None`` (the state before the first batch, and once an epoch is over).
     """
     out: list[Any] = []
 
@@ -48,6 +48,7 @@ def _run(loader: DataLoader, epochs: int, mode: str, until: int | None = None) -
                 return True
         return False
 
+    out.append((None, loader.state_dict()))  # before the first batch
     for _ in range(epochs):
         epoch = loader.epoch
         if mode == "async":

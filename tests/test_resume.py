@@ -69,8 +69,8 @@ def test_resume_is_exact_from_every_point(
     points = assert_equal_output_after_checkpoint(
         lambda: _loader(sampler, drop_last, num_workers, item_concurrency), epochs=2, mode=mode
     )
-    # Every batch of two epochs, plus each epoch's end, was a restore point.
-    assert points == 2 * len(_loader(sampler, drop_last, num_workers, item_concurrency)) + 2
+    # The start, every batch of two epochs and each epoch's end were restore points.
+    assert points == 2 * len(_loader(sampler, drop_last, num_workers, item_concurrency)) + 3
 
 
 def test_the_checker_catches_a_loader_that_does_not_resume() -> None:
