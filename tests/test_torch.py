@@ -69,7 +69,7 @@ def test_ranks_take_disjoint_shares_like_torch(n: int, drop_last: bool) -> None:
             shares.append(ours)
             if not shuffle:
                 sampler: Any = torch.utils.data.DistributedSampler(
-                    range(n),  # type: ignore[arg-type]
+                    range(n),  # type: ignore[arg-type,unused-ignore]
                     num_replicas=3,
                     rank=rank,
                     shuffle=False,
