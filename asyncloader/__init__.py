@@ -15,6 +15,9 @@ from ._sampler import DistributedSampler as DistributedSampler
 from ._sampler import RandomSampler as RandomSampler
 from ._sampler import Sampler as Sampler
 from ._sampler import SequentialSampler as SequentialSampler
+from ._skip import SkipBudgetExceeded as SkipBudgetExceeded
+from ._stats import LoaderStats as LoaderStats
+from ._stats import StageStats as StageStats
 from ._transform import Compose as Compose
 from ._transform import Transform as Transform
 from .datasets import FileDataset as FileDataset
@@ -29,11 +32,14 @@ __all__ = [
     "DistributedSampler",
     "FileDataset",
     "HttpDataset",
+    "LoaderStats",
     "ObjectStoreDataset",
     "RandomSampler",
     "Retry",
     "Sampler",
     "SequentialSampler",
+    "SkipBudgetExceeded",
+    "StageStats",
     "Template",
     "Transform",
     "default_collate",

@@ -9,12 +9,14 @@ is ever started further than ``batch_tasks + prefetch_depth`` past the consumer.
 A batch task fetches its items (one ``get_batch`` call, or ``item_concurrency`` lanes that each
 fetch an item, transform it on the CPU pool as soon as it arrives, and take the next), then
 collates on the CPU pool. Failures become :class:`Failure` values; cancellation cancels every
-task and waits for them, so requests in flight are cancelled, not completed.
+task and waits for them, so requests in flight are cancelled, not completed. Under
+``errors="skip"`` a failing item is dropped from its batch instead (see :mod:`._skip`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,11 +24,16 @@ from typing import Any, Protocol
 
 from ._handoff import END, Failure
 from ._pool import ThreadPool
-from ._source import Source
+from ._skip import Skipper
+from ._source import Source, fetch_batch, fetch_item
+from ._stats import Recorder, current
 from ._transform import Transform
 
 Batch = tuple[list[int], Any]
-"""A finished batch with its indices."""
+"""A finished batch with the indices of its items."""
+
+SKIPPED = object()
+"""Stands for an item dropped by ``errors="skip"`` until the batch is collated."""
 
 
 class Handoff(Protocol):
@@ -35,6 +42,63 @@ class Handoff(Protocol):
     async def acquire(self) -> None: ...
 
     def put(self, value: object) -> None: ...
+
+
+def transform_and_collate(
+    indices: Sequence[int],
+    items: list[Any],
+    transform: Transform | None,
+    collate: Callable[[list[Any]], Any],
+    recorder: Recorder,
+    skipper: Skipper | None,
+) -> Batch:
+    """Transform a batch's items (dropping the ones ``skipper`` lets go), then collate them.
+
+    Used by the direct path and, as one CPU job, by batch tasks that fetched a whole batch.
+    """
+    kept = list(indices)
+    if transform is not None:
+        durations = []
+        out = []
+        clock = time.perf_counter
+        for index, item in zip(indices, items, strict=True):
+            if item is not SKIPPED:
+                started = clock()
+                try:
+                    item = transform(index, item)
+                except Exception as error:
+                    if skipper is None:
+                        raise
+                    skipper.skip(index, error)
+                    item = SKIPPED
+                durations.append(clock() - started)
+            out.append(item)
+        items = out
+        recorder.add_many("transform", durations)
+    if skipper is not None:
+        kept = [index for index, item in zip(indices, items, strict=True) if item is not SKIPPED]
+        items = [item for item in items if item is not SKIPPED]
+    started = time.perf_counter()
+    batch = collate(items)
+    recorder.add("collate", time.perf_counter() - started)
+    return kept, batch
+
+
+def fetch_or_skip(dataset: Any, indices: list[int], skipper: Skipper | None) -> list[Any]:
+    """Fetch a batch from a sync dataset; under ``errors="skip"``, drop the failing items."""
+    try:
+        return fetch_batch(dataset, indices)
+    except Exception:
+        if skipper is None:
+            raise
+    items: list[Any] = []
+    for index in indices:  # find the failing items one by one
+        try:
+            items.append(fetch_item(dataset, index))
+        except Exception as error:
+            skipper.skip(index, error)
+            items.append(SKIPPED)
+    return items
 
 
 @dataclass(frozen=True)
@@ -47,17 +111,33 @@ class Work:
     cpu: ThreadPool
     batch_tasks: int
     item_concurrency: int
-
-    def finish(self, indices: Sequence[int], items: list[Any]) -> Any:
-        """Transform a whole batch's items, then collate them (one CPU job)."""
-        transform = self.transform
-        if transform is not None:
-            items = [transform(index, item) for index, item in zip(indices, items, strict=True)]
-        return self.collate(items)
+    recorder: Recorder
+    skipper: Skipper | None
 
     async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the CPU pool."""
         return await self.cpu.run(fn, *args)
+
+    def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
+        """Transform and collate (one CPU job)."""
+        return transform_and_collate(
+            indices, items, self.transform, self.collate, self.recorder, self.skipper
+        )
+
+    def collate_only(self, indices: Sequence[int], items: list[Any]) -> Batch:
+        """Collate items the lanes already transformed (one CPU job)."""
+        return transform_and_collate(
+            indices, items, None, self.collate, self.recorder, self.skipper
+        )
+
+    def timed_transform(self, index: int, item: Any) -> Any:
+        """The transform of one item, timed (on the CPU pool)."""
+        assert self.transform is not None
+        started = time.perf_counter()
+        try:
+            return self.transform(index, item)
+        finally:
+            self.recorder.add("transform", time.perf_counter() - started)
 
 
 async def _fetch_by_lanes(work: Work, indices: list[int]) -> list[Any]:
@@ -65,25 +145,39 @@ async def _fetch_by_lanes(work: Work, indices: list[int]) -> list[Any]:
 
     Each lane takes the batch's next position until none is left, so uneven items balance.
     After a failure the lanes take no more items; the batch fails with the first error by
-    position.
+    position. Under ``errors="skip"`` a failing item is dropped and the lane goes on.
     """
-    items: list[Any] = [None] * len(indices)
+    items: list[Any] = [SKIPPED] * len(indices)
     positions = iter(range(len(indices)))
     errors: list[tuple[int, BaseException]] = []
-    source, transform = work.source, work.transform
+    source, transform, recorder, skipper = work.source, work.transform, work.recorder, work.skipper
 
     async def lane() -> None:
         for position in positions:
             if errors:
                 return
             index = indices[position]
+            started = recorder.fetch_started(1)
+            fetched = False
             try:
                 item = await source.get(index)
+                recorder.fetch_done(started, [item], 1)
+                fetched = True
                 if transform is not None:
-                    item = await work.on_cpu(transform, index, item)
+                    item = await work.on_cpu(work.timed_transform, index, item)
             except asyncio.CancelledError:
+                if not fetched:
+                    recorder.fetch_done(started, None, 1)
                 raise
             except BaseException as error:
+                if not fetched:
+                    recorder.fetch_done(started, None, 1)
+                if skipper is not None and isinstance(error, Exception):
+                    try:
+                        skipper.skip(index, error)
+                        continue
+                    except Exception as over_budget:
+                        error = over_budget
                 errors.append((position, error))
                 return
             items[position] = item
@@ -99,14 +193,37 @@ async def _fetch_by_lanes(work: Work, indices: list[int]) -> list[Any]:
     return items
 
 
+async def _fetch_whole(work: Work, indices: list[int]) -> list[Any]:
+    recorder = work.recorder
+    started = recorder.fetch_started(len(indices))
+    try:
+        items = await work.source.get_batch(indices)
+    except BaseException:
+        recorder.fetch_done(started, None, len(indices))
+        raise
+    recorder.fetch_done(started, items, len(indices))
+    return items
+
+
 async def process_batch(work: Work, indices: list[int]) -> Batch | Failure:
     """Fetch, transform and collate one batch; a failure is returned, never raised."""
     try:
+        batch: Batch
         if work.item_concurrency == 1 and work.source.fetches_whole_batches:
-            items = await work.source.get_batch(indices)
-            return indices, await work.on_cpu(work.finish, indices, items)
+            try:
+                items = await _fetch_whole(work, indices)
+            except Exception:
+                if work.skipper is None:
+                    raise
+                # Find the failing items one by one, and drop just those.
+                items = await _fetch_by_lanes(work, indices)
+                batch = await work.on_cpu(work.collate_only, indices, items)
+                return batch
+            batch = await work.on_cpu(work.finish, indices, items)
+            return batch
         items = await _fetch_by_lanes(work, indices)
-        return indices, await work.on_cpu(work.collate, items)
+        batch = await work.on_cpu(work.collate_only, indices, items)
+        return batch
     except asyncio.CancelledError:
         raise
     except BaseException as error:
@@ -116,8 +233,10 @@ async def process_batch(work: Work, indices: list[int]) -> Batch | Failure:
 async def drive(work: Work, batches: Sequence[list[int]], handoff: Handoff) -> None:
     """Run an epoch: every batch in order through ``handoff``, then :data:`END`."""
     loop = asyncio.get_running_loop()
+    current.set(work.recorder)  # the batch tasks inherit it: the retry loops count into it
     running: deque[asyncio.Task[Batch | Failure]] = deque()
     started = 0
+    recorder = work.recorder
     try:
         while True:
             while started < len(batches) and len(running) < work.batch_tasks:
@@ -126,7 +245,9 @@ async def drive(work: Work, batches: Sequence[list[int]], handoff: Handoff) -> N
             if not running:
                 break
             outcome = await running[0]
+            waiting = time.perf_counter()
             await handoff.acquire()
+            recorder.add("permit_wait", time.perf_counter() - waiting)
             running.popleft()
             handoff.put(outcome)
         handoff.put(END)

@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ._driver import Batch, Work, drive
+from ._driver import Batch, Work, drive, fetch_or_skip, transform_and_collate
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
-from ._source import fetch_batch
+from ._skip import Skipper
 from ._state import Progress
+from ._stats import Recorder, current
 from ._transform import Transform
 
 CANCEL_WAIT_S: Final = 5.0
@@ -51,14 +52,20 @@ class DirectIterator:
         collate: Callable[[list[Any]], Any],
         with_indices: bool,
         progress: Progress,
+        recorder: Recorder,
+        skipper: Skipper | None,
     ) -> None:
         self._progress = progress
+        self._recorder = recorder
+        self._skipper = skipper
         self._dataset: Any = dataset
         self._batches = batches
         self._transform = transform
         self._collate = collate
         self._with_indices = with_indices
         self._position = 0
+        self._open = True
+        recorder.epoch_started()
 
     def __iter__(self) -> DirectIterator:
         return self
@@ -74,17 +81,37 @@ class DirectIterator:
         indices = self._batches[self._position]
         self._position += 1
         self._progress.received += 1  # the batch, or its error, is the consumer's now
-        items = fetch_batch(self._dataset, indices)
-        transform = self._transform
-        if transform is not None:
-            items = [transform(index, item) for index, item in zip(indices, items, strict=True)]
-        batch = self._collate(items)
-        return (indices, batch) if self._with_indices else batch
+        recorder = self._recorder
+        started = time.perf_counter()
+        token = current.set(recorder)
+        try:
+            fetching = recorder.fetch_started(len(indices))
+            try:
+                items = fetch_or_skip(self._dataset, indices, self._skipper)
+            except BaseException:
+                recorder.fetch_done(fetching, None, len(indices))
+                raise
+            recorder.fetch_done(fetching, items, len(indices))
+            kept, batch = transform_and_collate(
+                indices, items, self._transform, self._collate, recorder, self._skipper
+            )
+        except BaseException:
+            recorder.add_batch(failed=True)
+            raise
+        finally:
+            current.reset(token)
+            # On this path the consumer waits for the whole of the loader's work.
+            recorder.add("consumer_wait", time.perf_counter() - started)
+        recorder.add_batch(failed=False)
+        return (kept, batch) if self._with_indices else batch
 
     def close(self) -> None:
         """End the epoch; nothing is running, so nothing needs waiting for."""
         self._position = len(self._batches)
         self._dataset = self._transform = None
+        if self._open:
+            self._open = False
+            self._recorder.epoch_ended()
 
 
 async def _run_epoch(epoch: Any, finished: threading.Event) -> None:
@@ -108,6 +135,7 @@ class ThreadedIterator:
         progress: Progress,
     ) -> None:
         self._progress = progress
+        self._recorder = work.recorder
         self._runtime = runtime
         self._timeout = timeout
         self._with_indices = with_indices
@@ -119,6 +147,7 @@ class ThreadedIterator:
             _run_epoch(drive(work, batches, self._handoff), self._finished)
         )
         self._open = True
+        self._recorder.epoch_started()
 
     def __iter__(self) -> ThreadedIterator:
         return self
@@ -129,20 +158,25 @@ class ThreadedIterator:
     def __next__(self) -> Any:
         if not self._open:
             raise StopIteration
+        started = time.perf_counter()
         try:
             value = self._handoff.get(self._timeout)
         except KeyboardInterrupt:
             self._cancel(wait=False)  # Ctrl-C: cancel without the bounded wait
             raise
         except RuntimeError:  # the loop is gone: this epoch can never go on
-            self._open = False
+            self._cancel(wait=False)
             raise
+        finally:
+            self._recorder.add("consumer_wait", time.perf_counter() - started)
         if value is END:
-            self._open = False
             self._progress.done = True
+            self._open = False
+            self._recorder.epoch_ended()
             raise StopIteration
         self._remaining -= 1
         self._progress.received += 1
+        self._recorder.add_batch(failed=isinstance(value, Failure))
         return _unwrap(value, self._with_indices)
 
     def close(self) -> None:
@@ -153,6 +187,7 @@ class ThreadedIterator:
         if not self._open:
             return
         self._open = False
+        self._recorder.epoch_ended()
         if not self._finished.is_set() and not self._loop_thread.loop.is_closed():
             self._future.cancel()  # cancels the driver task on its loop
         if sys.is_finalizing():
@@ -182,6 +217,7 @@ class AsyncIterator:
         progress: Progress,
     ) -> None:
         self._progress = progress
+        self._recorder = work.recorder
         self._work: Work | None = work
         self._batches = batches
         self._remaining = len(batches)
@@ -206,6 +242,8 @@ class AsyncIterator:
                 drive(self._work, self._batches, self._handoff)
             )
             self._work = None
+            self._recorder.epoch_started()
+        started = time.perf_counter()
         try:
             value = await self._handoff.get(self._timeout)
         except asyncio.CancelledError:
@@ -213,17 +251,20 @@ class AsyncIterator:
             # (its frame, and so this iterator, may stay referenced by the traceback).
             self._abandon()
             raise
+        finally:
+            self._recorder.add("consumer_wait", time.perf_counter() - started)
         if value is END:
-            self._open = False
             self._progress.done = True
+            self._abandon()  # the driver is done: this only ends the epoch
             raise StopAsyncIteration
         self._remaining -= 1
         self._progress.received += 1
+        self._recorder.add_batch(failed=isinstance(value, Failure))
         return _unwrap(value, self._with_indices)
 
     async def aclose(self) -> None:
         """Cancel the epoch and wait until its tasks are gone."""
-        self._open = False
+        self._end()
         self._work = None
         task, self._task = self._task, None
         if task is not None and not task.done():
@@ -231,9 +272,15 @@ class AsyncIterator:
             # Wait for the driver without letting its cancellation leak into our caller.
             await asyncio.wait([task])
 
+    def _end(self) -> None:
+        if getattr(self, "_open", False):
+            self._open = False
+            if self._task is not None:  # the epoch had started
+                self._recorder.epoch_ended()
+
     def _abandon(self) -> None:
         """Cancel the epoch without waiting (from any thread)."""
-        self._open = False
+        self._end()
         task = getattr(self, "_task", None)
         if task is None or task.done():
             return

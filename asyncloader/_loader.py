@@ -28,6 +28,7 @@ from ._sampler import (
     sampler_length,
 )
 from ._settings import Settings, check_bool, check_int
+from ._skip import Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import (
     FORMAT,
@@ -38,6 +39,7 @@ from ._state import (
     order_of,
     sampler_state,
 )
+from ._stats import LoaderStats, Recorder
 from ._transform import Transform
 
 logger = logging.getLogger("asyncloader")
@@ -80,6 +82,12 @@ class DataLoader:
         world_size: The number of ranks, found the same way (else 1). With more than one
             rank and no ``sampler``, each rank reads its share through a
             :class:`DistributedSampler` (``shuffle``, ``seed`` and ``drop_last`` passed on).
+        errors: ``"raise"``: a failing item fails its batch. ``"skip"``: it is dropped from its
+            batch (which comes out short), logged once with its index and the reason, and
+            counted in :meth:`stats`.
+        max_errors: With ``errors="skip"``, the items an epoch may drop: a count, or a
+            fraction of the epoch's items; one more raises :class:`SkipBudgetExceeded`
+            listing the first failures. ``None``: no limit.
 
     Raises:
         TypeError: A setting has the wrong type, or the dataset is not a map-style dataset.
@@ -105,6 +113,8 @@ class DataLoader:
         pin_memory: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        errors: str = "raise",
+        max_errors: int | float | None = None,
     ) -> None:
         self._settings = Settings.build(
             batch_size=batch_size,
@@ -139,9 +149,13 @@ class DataLoader:
             self._collate: Callable[[list[Any]], Any] = lambda items: pin_batch(collate(items))
         else:
             self._collate = collate
+        self._max_errors = check_errors(errors, max_errors)
+        self._skip = errors == "skip"
+        self._recorder = Recorder(self._settings.requests_in_flight, self._settings.cpu_threads)
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume: Resume | None = None
+        self._skipper: Skipper | None = None
         self._sampler_state_at_start: Any = None
         self._runtime: Runtime | None = None
 
@@ -221,6 +235,16 @@ class DataLoader:
         """
         self._epoch = check_int("epoch", epoch, 0)
         self._progress = None
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def stats(self) -> LoaderStats:
+        """Per-stage statistics since the loader was built (or :meth:`reset_stats`)."""
+        return self._recorder.snapshot()
+
+    def reset_stats(self) -> None:
+        """Count the statistics from zero again."""
+        self._recorder.reset()
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -330,6 +354,11 @@ class DataLoader:
         self._epoch = epoch + 1
         progress = Progress(epoch, received=min(skip, len(batches)))
         self._progress = progress
+        self._skipper = (
+            Skipper(epoch_budget(self._max_errors, sum(map(len, batches))), self._recorder)
+            if self._skip
+            else None
+        )
         return batches[skip:], progress
 
     def _elastic_indices(self, resume: Resume, length: int) -> list[int]:
@@ -372,6 +401,8 @@ class DataLoader:
             cpu=runtime.cpu,
             batch_tasks=self._settings.batch_tasks,
             item_concurrency=self._settings.item_concurrency,
+            recorder=self._recorder,
+            skipper=self._skipper,
         )
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
@@ -380,7 +411,14 @@ class DataLoader:
         direct = not self._is_async and settings.num_workers == 0
         if direct and settings.item_concurrency == 1:
             return DirectIterator(
-                self._dataset, batches, self._transform, self._collate, with_indices, progress
+                self._dataset,
+                batches,
+                self._transform,
+                self._collate,
+                with_indices,
+                progress,
+                self._recorder,
+                self._skipper,
             )
         runtime = self._runtime_here()
         return ThreadedIterator(

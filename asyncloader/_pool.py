@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import sys
 import threading
@@ -98,7 +99,9 @@ class ThreadPool:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._counter.add(1)
-        self._jobs.put((fn, args, loop, future))
+        # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
+        # datasets find the epoch's statistics in it.
+        self._jobs.put((contextvars.copy_context().run, (fn, *args), loop, future))
         # A thread that finished a job released `_ready`: reuse it before starting another.
         if not self._ready.acquire(blocking=False):
             self._start_thread()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .._settings import check_int
+from .._stats import note_retry
 
 T = TypeVar("T")
 
@@ -105,6 +106,7 @@ async def retrying(retry: Retry, attempt: Callable[[], Awaitable[T]]) -> T:
                 # `from None`: the client's own exception may hold a URL's query string.
                 raise _final(failure, attempts) from None
             delay = retry.delay(attempts - 1, failure.retry_after)
+        note_retry()
         await asyncio.sleep(delay)
 
 
@@ -119,4 +121,5 @@ def retrying_sync(retry: Retry, attempt: Callable[[], T]) -> T:
             if not failure.transient or attempts > retry.max_retries:
                 raise _final(failure, attempts) from None
             delay = retry.delay(attempts - 1, failure.retry_after)
+        note_retry()
         time.sleep(delay)

@@ -1,0 +1,297 @@
+"""Per-stage statistics: where an epoch's time goes, and what to change.
+
+A :class:`Recorder` is filled as the loader works (cheaply: a clock read and a few additions
+per item), and :meth:`Recorder.snapshot` turns it into a frozen :class:`LoaderStats`, whose
+:meth:`~LoaderStats.report` names the bottleneck and the setting to change.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+_SAMPLES: Final = 4096
+"""Durations kept per stage for the percentiles (the most recent ones)."""
+
+current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
+    "asyncloader_recorder", default=None
+)
+"""The recorder of the epoch whose code is running (seen by the datasets' retry loops)."""
+
+
+def note_retry() -> None:
+    """Count one retry in the statistics of the epoch that runs this code, if any."""
+    recorder = current.get()
+    if recorder is not None:
+        recorder.add_retry()
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage's timings: how often it ran and how long it took.
+
+    Attributes:
+        count: Times it ran.
+        total_s: Seconds, all runs together.
+        mean_s: Seconds per run.
+        p50_s: Median seconds per run (over the most recent 4,096 runs).
+        p99_s: 99th percentile seconds per run (same runs).
+    """
+
+    count: int = 0
+    total_s: float = 0.0
+    mean_s: float = 0.0
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+
+
+class _Timing:
+    __slots__ = ("count", "samples", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.samples: deque[float] = deque(maxlen=_SAMPLES)
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.samples.append(seconds)
+
+    def snapshot(self) -> StageStats:
+        if not self.count:
+            return StageStats()
+        ordered = sorted(self.samples)
+        return StageStats(
+            count=self.count,
+            total_s=self.total,
+            mean_s=self.total / self.count,
+            p50_s=ordered[len(ordered) // 2],
+            p99_s=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        )
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of a loader's statistics since it was built (or last reset).
+
+    Attributes:
+        fetch: Dataset calls (one per item, or one per batch when a batch is one call).
+        transform: Transform calls, one per item.
+        collate: Collate calls, one per batch.
+        permit_wait: The driver's waits for a prefetch permit (the consumer is slower).
+        consumer_wait: The consumer's waits for its next batch (the loader is slower).
+        items: Items fetched.
+        batches: Batches handed to the consumer (failed ones included).
+        bytes: Bytes of the bytes-like and array items fetched.
+        retries: Retries made by the built-in datasets.
+        errors: Batches that failed.
+        skipped: Items dropped by ``errors="skip"``.
+        in_flight: Dataset calls in flight now.
+        peak_in_flight: The most dataset calls in flight at once.
+        items_in_flight: Items being fetched now (a whole-batch call fetches many).
+        peak_items_in_flight: The most items fetched at once.
+        active_s: Seconds epochs were running.
+        requests_limit: ``max(num_workers, 1) * item_concurrency``.
+        cpu_threads: Threads of the CPU pool.
+    """
+
+    fetch: StageStats = field(default_factory=StageStats)
+    transform: StageStats = field(default_factory=StageStats)
+    collate: StageStats = field(default_factory=StageStats)
+    permit_wait: StageStats = field(default_factory=StageStats)
+    consumer_wait: StageStats = field(default_factory=StageStats)
+    items: int = 0
+    batches: int = 0
+    bytes: int = 0
+    retries: int = 0
+    errors: int = 0
+    skipped: int = 0
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    items_in_flight: int = 0
+    peak_items_in_flight: int = 0
+    active_s: float = 0.0
+    requests_limit: int = 1
+    cpu_threads: int = 1
+
+    def bottleneck(self) -> tuple[str, str]:
+        """``(stage, advice)``: what limits the loader, and the setting to change."""
+        active = max(self.active_s, 1e-9)
+        if self.batches == 0:
+            return "idle", "no batch was handed over yet"
+        # The consumer waited for batches (consumer_wait) for part of the time; the rest it
+        # spent on its own work. Mostly its own work: the loader keeps up, the consumer limits.
+        if self.consumer_wait.total_s / active < 0.5:
+            return "consumer", "the loader waits on you; the training step is the bottleneck"
+        # Otherwise the busiest resource limits: the request slots or the CPU pool.
+        fetch_busy = self.fetch.total_s / (active * self.requests_limit)
+        cpu = max(1, self.cpu_threads)
+        transform_busy = self.transform.total_s / (active * cpu)
+        collate_busy = self.collate.total_s / (active * cpu)
+        stage = max(
+            ("fetch", fetch_busy),
+            ("transform", transform_busy),
+            ("collate", collate_busy),
+            key=lambda pair: pair[1],
+        )[0]
+        if stage == "fetch":
+            return "fetch", (
+                f"{self.peak_in_flight} requests in flight at peak, p99 "
+                f"{self.fetch.p99_s * 1000:.0f} ms; raise item_concurrency or num_workers"
+            )
+        if stage == "transform":
+            return "transform", (
+                f"{self.transform.mean_s * 1000:.2f} ms per item on {cpu} CPU threads; "
+                "raise cpu_threads or make the transform cheaper"
+            )
+        return "collate", (
+            f"{self.collate.mean_s * 1000:.2f} ms per batch; use a cheaper collate_fn or "
+            "smaller batches"
+        )
+
+    def report(self) -> str:
+        """A short table of the stages and a line naming the bottleneck."""
+        lines = [
+            f"{'stage':<14}{'count':>9}{'total s':>10}{'mean ms':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        ]
+        for name in ("fetch", "transform", "collate", "permit_wait", "consumer_wait"):
+            row: StageStats = getattr(self, name)
+            lines.append(
+                f"{name:<14}{row.count:>9}{row.total_s:>10.3f}{row.mean_s * 1e3:>10.3f}"
+                f"{row.p50_s * 1e3:>9.3f}{row.p99_s * 1e3:>9.3f}"
+            )
+        lines.append(
+            f"items {self.items}, batches {self.batches}, {self.bytes / 2**20:.1f} MiB, "
+            f"retries {self.retries}, errors {self.errors}, skipped {self.skipped}, "
+            f"requests in flight {self.in_flight} (peak {self.peak_in_flight} of "
+            f"{self.requests_limit}), items in flight peak {self.peak_items_in_flight}"
+        )
+        limit, advice = self.bottleneck()
+        lines.append(f"{limit}-bound: {advice}")
+        return "\n".join(lines)
+
+
+def nbytes(item: Any) -> int:
+    """The size of a bytes-like or array item, else 0."""
+    if isinstance(item, bytes | bytearray):
+        return len(item)
+    size = getattr(item, "nbytes", None)
+    if isinstance(size, int):
+        return size
+    if type(item).__name__ == "Bytes":  # obstore's buffer
+        return len(item)
+    return 0
+
+
+class Recorder:
+    """The mutable counters behind :class:`LoaderStats`; safe to update from any thread."""
+
+    def __init__(self, requests_limit: int, cpu_threads: int) -> None:
+        self.requests_limit = requests_limit
+        self.cpu_threads = cpu_threads
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting again from zero."""
+        with self._lock:
+            self.fetch, self.transform, self.collate = _Timing(), _Timing(), _Timing()
+            self.permit_wait, self.consumer_wait = _Timing(), _Timing()
+            self.items = self.batches = self.bytes = self.retries = 0
+            self.errors = self.skipped = self.in_flight = self.peak_in_flight = 0
+            self.items_in_flight = self.peak_items_in_flight = 0
+            self.active_s = 0.0
+            self._active = 0
+            self._active_since = 0.0
+
+    def fetch_started(self, items: int) -> float:
+        """One dataset call for ``items`` items begins; returns its start time."""
+        with self._lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self.items_in_flight += items
+            self.peak_items_in_flight = max(self.peak_items_in_flight, self.items_in_flight)
+        return time.perf_counter()
+
+    def fetch_done(self, started: float, items: list[Any] | None, requested: int) -> None:
+        """The call begun at ``started`` for ``requested`` items ended (``items``: its result)."""
+        elapsed = time.perf_counter() - started
+        size = sum(nbytes(item) for item in items) if items is not None else 0
+        with self._lock:
+            self.in_flight -= 1
+            self.items_in_flight -= requested
+            self.fetch.add(elapsed)
+            if items is not None:
+                self.items += len(items)
+                self.bytes += size
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            getattr(self, stage).add(seconds)
+
+    def add_many(self, stage: str, durations: list[float]) -> None:
+        if not durations:
+            return
+        with self._lock:
+            timing: _Timing = getattr(self, stage)
+            for seconds in durations:
+                timing.add(seconds)
+
+    def add_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def add_batch(self, failed: bool) -> None:
+        with self._lock:
+            self.batches += 1
+            self.errors += failed
+
+    def add_skipped(self, count: int) -> None:
+        with self._lock:
+            self.skipped += count
+
+    def epoch_started(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self._active_since = time.perf_counter()
+            self._active += 1
+
+    def epoch_ended(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                return
+            self._active -= 1
+            if self._active == 0:
+                self.active_s += time.perf_counter() - self._active_since
+
+    def snapshot(self) -> LoaderStats:
+        """The statistics now, as a frozen value."""
+        with self._lock:
+            active = self.active_s
+            if self._active:
+                active += time.perf_counter() - self._active_since
+            return LoaderStats(
+                fetch=self.fetch.snapshot(),
+                transform=self.transform.snapshot(),
+                collate=self.collate.snapshot(),
+                permit_wait=self.permit_wait.snapshot(),
+                consumer_wait=self.consumer_wait.snapshot(),
+                items=self.items,
+                batches=self.batches,
+                bytes=self.bytes,
+                retries=self.retries,
+                errors=self.errors,
+                skipped=self.skipped,
+                in_flight=self.in_flight,
+                peak_in_flight=self.peak_in_flight,
+                items_in_flight=self.items_in_flight,
+                peak_items_in_flight=self.peak_items_in_flight,
+                active_s=active,
+                requests_limit=self.requests_limit,
+                cpu_threads=self.cpu_threads,
+            )

@@ -1,0 +1,226 @@
+"""Statistics that match the work done, a report that names the bottleneck, the skip policy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader, HttpDataset, Retry, SkipBudgetExceeded
+
+from .datasets import AsyncData, SyncData
+from .servers import FaultServer, body, run_fault_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    with run_fault_server() as running:
+        yield running
+
+
+class Blobs(SyncData):
+    """Item ``i`` is ``i + 1`` bytes."""
+
+    def __getitem__(self, index: int) -> Any:
+        super().__getitem__(index)
+        return b"x" * (index + 1)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 1), (2, 3)])
+def test_counts_match_the_work_exactly(num_workers: int, item_concurrency: int) -> None:
+    with DataLoader(
+        Blobs(25),
+        batch_size=10,
+        collate_fn=list,
+        transform=lambda i, x: x,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        assert len(list(loader)) == 3
+        stats = loader.stats()
+    assert (stats.items, stats.batches, stats.errors, stats.skipped) == (25, 3, 0, 0)
+    assert stats.bytes == sum(range(1, 26))
+    assert stats.transform.count == 25
+    assert stats.collate.count == 3
+    calls = 3 if item_concurrency == 1 else 25  # one call per batch, or one per item
+    assert stats.fetch.count == calls
+    assert stats.consumer_wait.count == 3 + (0 if num_workers == 0 else 1)  # + the end
+    assert (stats.in_flight, stats.items_in_flight) == (0, 0)
+    assert stats.peak_in_flight <= max(num_workers, 1) * item_concurrency
+    assert stats.active_s > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_retries_and_bytes_of_http_items_are_counted(server: FaultServer, mode: str) -> None:
+    key = uuid.uuid4().hex  # fresh fault counters for each run
+    urls = [
+        server.url + "/ok/10",
+        server.url + f"/flaky/503/1/{key}-a",
+        server.url + "/ok/20",
+        server.url + f"/flaky/500/2/{key}-b",
+    ]
+    data = HttpDataset(urls, retry=Retry(3, 0.001, 0.01))
+    loader = DataLoader(data, batch_size=2, collate_fn=list, num_workers=2, item_concurrency=2)
+    if mode == "sync":
+        batches = await asyncio.to_thread(lambda: list(loader))
+    else:
+        batches = [batch async for batch in loader]
+    await loader.aclose()
+    assert batches == [[body(10), b"recovered"], [body(20), b"recovered"]]
+    stats = loader.stats()
+    assert stats.retries == 3
+    assert stats.items == 4
+    assert stats.bytes == 10 + 9 + 20 + 9
+
+
+def test_failed_batches_are_counted_as_errors() -> None:
+    data = SyncData(20)
+    data.fail_at = {5, 15}
+    with DataLoader(data, batch_size=5, num_workers=1) as loader:
+        iterator = iter(loader)
+        outcomes = []
+        for _ in range(4):
+            try:
+                outcomes.append(next(iterator).tolist())
+            except Exception as error:
+                outcomes.append(error)
+        assert loader.stats().errors == 2
+        assert loader.stats().batches == 4
+
+
+def test_the_report_names_a_fetch_bound_loader() -> None:
+    with DataLoader(
+        AsyncData(60, delay=0.02), batch_size=6, num_workers=1, item_concurrency=2
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.bottleneck()[0] == "fetch"
+    assert "fetch-bound" in stats.report()
+    assert "raise item_concurrency" in stats.report()
+
+
+def test_the_report_names_a_transform_bound_loader() -> None:
+    def heavy(index: int, item: int) -> int:
+        time.sleep(0.003)  # stands for decoding: it holds a CPU thread
+        return item
+
+    with DataLoader(
+        SyncData(120), batch_size=6, num_workers=2, transform=heavy, cpu_threads=1
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.bottleneck()[0] == "transform"
+    assert "raise cpu_threads" in stats.report()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_report_names_a_consumer_bound_loader(num_workers: int) -> None:
+    with DataLoader(SyncData(60), batch_size=6, num_workers=num_workers) as loader:
+        for _ in loader:
+            time.sleep(0.02)  # stands for a training step, slower than the loader
+        stats = loader.stats()
+    assert stats.bottleneck()[0] == "consumer"
+    assert "the loader waits on you" in stats.report()
+    loader.reset_stats()
+    assert loader.stats().batches == 0
+
+
+PATHS = [("sync", 0, 1), ("sync", 2, 1), ("sync", 2, 3), ("async", 2, 3), ("async", 0, 1)]
+
+
+@pytest.mark.parametrize(("kind", "num_workers", "item_concurrency"), PATHS)
+def test_skip_drops_failing_items_logs_each_once_and_counts_them(
+    kind: str, num_workers: int, item_concurrency: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = SyncData(20) if kind == "sync" else AsyncData(20)
+    data.fail_at = {3, 7}
+
+    def transform(index: int, item: int) -> int:
+        if index == 12:
+            raise ValueError("cannot decode")
+        return item
+
+    caplog.set_level(logging.WARNING, logger="asyncloader")
+    with DataLoader(
+        data,
+        batch_size=5,
+        errors="skip",
+        transform=transform,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        pairs = [(indices, batch.tolist()) for indices, batch in loader.iter_with_indices()]
+        stats = loader.stats()
+    assert [indices for indices, _ in pairs] == [
+        [0, 1, 2, 4],
+        [5, 6, 8, 9],
+        [10, 11, 13, 14],
+        [15, 16, 17, 18, 19],
+    ]
+    assert all(indices == batch for indices, batch in pairs)
+    assert stats.skipped == 3
+    messages = [r.getMessage() for r in caplog.records if r.name == "asyncloader"]
+    for index in (3, 7, 12):
+        assert sum(m.startswith(f"skipped item {index}:") for m in messages) == 1
+    assert any("cannot decode" in m for m in messages)
+
+
+@pytest.mark.parametrize(("max_errors", "allowed"), [(1, 1), (0.1, 2), (0, 0)])
+def test_exceeding_the_budget_raises_listing_the_first_failures(
+    max_errors: int | float, allowed: int
+) -> None:
+    data = SyncData(20)
+    data.fail_at = {1, 2, 3, 11}
+    with DataLoader(data, batch_size=10, errors="skip", max_errors=max_errors) as loader:
+        iterator = iter(loader)
+        with pytest.raises(SkipBudgetExceeded) as raised:
+            next(iterator)
+    assert f"over max_errors={allowed}" in str(raised.value)
+    assert [index for index, _ in raised.value.failures] == [1, 2, 3][: allowed + 1]
+    assert "item 1: Boom" in str(raised.value)
+
+
+def test_the_budget_holds_with_batches_in_parallel() -> None:
+    data = SyncData(40)
+    data.fail_at = {1, 2, 11, 21, 31}
+    with DataLoader(
+        data, batch_size=10, errors="skip", max_errors=3, num_workers=3, item_concurrency=2
+    ) as loader:
+        outcomes: list[Any] = []
+        iterator = iter(loader)
+        for _ in range(4):
+            try:
+                outcomes.append(next(iterator))
+            except SkipBudgetExceeded as error:
+                outcomes.append(error)
+    over = [o for o in outcomes if isinstance(o, SkipBudgetExceeded)]
+    assert over  # the 4th and 5th failures are over the budget of 3
+    assert {index for error in over for index, _ in error.failures} <= data.fail_at
+    assert loader.stats().skipped == 5
+
+
+def test_skip_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="errors"):
+        DataLoader(SyncData(3), errors="ignore")
+    with pytest.raises(ValueError, match="max_errors"):
+        DataLoader(SyncData(3), max_errors=3)
+    with pytest.raises(ValueError, match="max_errors"):
+        DataLoader(SyncData(3), errors="skip", max_errors=1.5)
+    with pytest.raises(ValueError, match="max_errors"):
+        DataLoader(SyncData(3), errors="skip", max_errors=-1)
+    with pytest.raises(TypeError, match="max_errors"):
+        DataLoader(SyncData(3), errors="skip", max_errors="1")  # type: ignore[arg-type]
+
+
+def test_a_clean_epoch_logs_nothing_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="asyncloader")
+    with DataLoader(AsyncData(50), batch_size=5, num_workers=2, item_concurrency=2) as loader:
+        assert len(list(loader)) == 10
+    assert not [r for r in caplog.records if r.name == "asyncloader" and r.levelno >= logging.INFO]
