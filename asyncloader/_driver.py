@@ -44,18 +44,14 @@ class Handoff(Protocol):
     def put(self, value: object) -> None: ...
 
 
-def transform_and_collate(
+def transform_items(
     indices: Sequence[int],
     items: list[Any],
     transform: Transform | None,
-    collate: Callable[[list[Any]], Any],
     recorder: Recorder,
     skipper: Skipper | None,
-) -> Batch:
-    """Transform a batch's items (dropping the ones ``skipper`` lets go), then collate them.
-
-    Used by the direct path and, as one CPU job, by batch tasks that fetched a whole batch.
-    """
+) -> tuple[list[int], list[Any]]:
+    """Transform a batch's items, dropping the ones ``skipper`` lets go; keep their indices."""
     kept = list(indices)
     if transform is not None:
         durations = []
@@ -78,6 +74,20 @@ def transform_and_collate(
     if skipper is not None:
         kept = [index for index, item in zip(indices, items, strict=True) if item is not SKIPPED]
         items = [item for item in items if item is not SKIPPED]
+    return kept, items
+
+
+def transform_and_collate(
+    indices: Sequence[int],
+    items: list[Any],
+    transform: Transform | None,
+    collate: Callable[[list[Any]], Any],
+    recorder: Recorder,
+    skipper: Skipper | None,
+) -> Batch:
+    """Transform a batch's items (dropping the ones ``skipper`` lets go), then collate them:
+    one CPU job of a batch task."""
+    kept, items = transform_items(indices, items, transform, recorder, skipper)
     started = time.perf_counter()
     batch = collate(items)
     recorder.add("collate", time.perf_counter() - started)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ._driver import Batch, Work, drive, fetch_or_skip, transform_and_collate
+from ._driver import Batch, Work, drive, fetch_or_skip, transform_items
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
 from ._skip import Skipper
@@ -82,27 +82,31 @@ class DirectIterator:
         self._position += 1
         self._progress.received += 1  # the batch, or its error, is the consumer's now
         recorder = self._recorder
-        started = time.perf_counter()
-        token = current.set(recorder)
+        clock = time.perf_counter
+        started = clock()
+        token = current.set(recorder)  # the datasets' retry loops count into it
+        fetched_items: list[Any] | None = None
+        fetched = collating = collated = started
         try:
-            fetching = recorder.fetch_started(len(indices))
-            try:
-                items = fetch_or_skip(self._dataset, indices, self._skipper)
-            except BaseException:
-                recorder.fetch_done(fetching, None, len(indices))
-                raise
-            recorder.fetch_done(fetching, items, len(indices))
-            kept, batch = transform_and_collate(
-                indices, items, self._transform, self._collate, recorder, self._skipper
+            fetched_items = fetch_or_skip(self._dataset, indices, self._skipper)
+            fetched = clock()
+            kept, items = transform_items(
+                indices, fetched_items, self._transform, recorder, self._skipper
             )
-        except BaseException:
-            recorder.add_batch(failed=True)
-            raise
+            collating = clock()
+            batch = self._collate(items)
+            collated = clock()
         finally:
             current.reset(token)
             # On this path the consumer waits for the whole of the loader's work.
-            recorder.add("consumer_wait", time.perf_counter() - started)
-        recorder.add_batch(failed=False)
+            ended = clock()
+            recorder.record_direct_batch(
+                fetch_s=(fetched if fetched_items is not None else ended) - started,
+                items=fetched_items,
+                requested=len(indices),
+                collate_s=collated - collating if collated > started else None,
+                wait_s=ended - started,
+            )
         return (kept, batch) if self._with_indices else batch
 
     def close(self) -> None:

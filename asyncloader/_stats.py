@@ -87,7 +87,7 @@ class LoaderStats:
         consumer_wait: The consumer's waits for its next batch (the loader is slower).
         items: Items fetched.
         batches: Batches handed to the consumer (failed ones included).
-        bytes: Bytes of the bytes-like and array items fetched.
+        bytes: Bytes of the bytes-like items fetched (the built-in datasets' items).
         retries: Retries made by the built-in datasets.
         errors: Batches that failed.
         skipped: Items dropped by ``errors="skip"``.
@@ -176,16 +176,19 @@ class LoaderStats:
         return "\n".join(lines)
 
 
-def nbytes(item: Any) -> int:
-    """The size of a bytes-like or array item, else 0."""
-    if isinstance(item, bytes | bytearray):
-        return len(item)
-    size = getattr(item, "nbytes", None)
-    if isinstance(size, int):
-        return size
-    if type(item).__name__ == "Bytes":  # obstore's buffer
-        return len(item)
-    return 0
+def _is_bytes_like(item: object) -> bool:
+    return isinstance(item, bytes | bytearray | memoryview) or type(item).__name__ == "Bytes"
+
+
+def fetched_bytes(items: list[Any]) -> int:
+    """The bytes of a batch of bytes-like items (the built-in datasets'), else 0.
+
+    Only the first item's type is looked at, so other items (arrays, tensors, objects) cost
+    nothing to count: the statistics stay on by default.
+    """
+    if not items or not _is_bytes_like(items[0]):
+        return 0
+    return sum(len(item) if _is_bytes_like(item) else 0 for item in items)
 
 
 class Recorder:
@@ -221,7 +224,7 @@ class Recorder:
     def fetch_done(self, started: float, items: list[Any] | None, requested: int) -> None:
         """The call begun at ``started`` for ``requested`` items ended (``items``: its result)."""
         elapsed = time.perf_counter() - started
-        size = sum(nbytes(item) for item in items) if items is not None else 0
+        size = fetched_bytes(items) if items is not None else 0
         with self._lock:
             self.in_flight -= 1
             self.items_in_flight -= requested
@@ -229,6 +232,29 @@ class Recorder:
             if items is not None:
                 self.items += len(items)
                 self.bytes += size
+
+    def record_direct_batch(
+        self,
+        fetch_s: float,
+        items: list[Any] | None,
+        requested: int,
+        collate_s: float | None,
+        wait_s: float,
+    ) -> None:
+        """One batch of the direct path, in one update (its cost is paid per batch)."""
+        size = fetched_bytes(items) if items is not None else 0
+        with self._lock:
+            self.peak_in_flight = max(self.peak_in_flight, 1)
+            self.peak_items_in_flight = max(self.peak_items_in_flight, requested)
+            self.fetch.add(fetch_s)
+            if items is not None:
+                self.items += len(items)
+                self.bytes += size
+            if collate_s is not None:
+                self.collate.add(collate_s)
+            self.consumer_wait.add(wait_s)
+            self.batches += 1
+            self.errors += collate_s is None
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
