@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m asyncloader demo
+	$(BIN)/asyncloader demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -147,3 +147,30 @@ def run_fault_server() -> Iterator[FaultServer]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@contextmanager
+def run_moto(bucket: str, objects: dict[str, bytes]) -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 with ``bucket`` holding ``objects``; yields its endpoint."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=bucket)
+    for key, value in objects.items():
+        client.put_object(Bucket=bucket, Key=key, Body=value)
+    try:
+        yield endpoint
+    finally:
+        client.close()
+        server.stop()

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from asyncloader.__main__ import main
+from asyncloader._cli import main
 
 
 def test_the_demo_streams_an_epoch_from_its_own_server() -> None:
@@ -24,4 +24,9 @@ def test_the_demo_streams_an_epoch_from_its_own_server() -> None:
 
 
 def test_an_unknown_command_exits_with_status_2() -> None:
-    assert main(["nonsense"]) == 2
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncloader", "nonsense"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+    assert main(["bench", "ftp://host/x"]) == 2

@@ -8,10 +8,11 @@ from typing import Any
 
 import obstore
 import pytest
-from moto.server import ThreadedMotoServer
 from obstore.store import LocalStore, MemoryStore
 
 from asyncloader import DataLoader, ObjectStoreDataset, Retry, Template
+
+from .servers import run_moto
 
 CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 
@@ -22,32 +23,13 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    """A moto S3 server with bucket ``train``: ``data/000.bin`` … ``data/011.bin`` and a shard."""
-    import boto3
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket="train")
-    for i in reversed(range(12)):  # written out of order: listing must sort
-        client.put_object(Bucket="train", Key=f"data/{i:03d}.bin", Body=payload(i))
-    client.put_object(
-        Bucket="train", Key="shards/all.bin", Body=b"".join(payload(i) for i in range(12))
-    )
-    client.put_object(Bucket="train", Key="other/x.bin", Body=b"x")
-    try:
+    """Bucket ``train``: ``data/000.bin`` ... ``data/011.bin`` (written out of order: listing
+    must sort), a shard of them all, and one object elsewhere."""
+    objects = {f"data/{i:03d}.bin": payload(i) for i in reversed(range(12))}
+    objects["shards/all.bin"] = b"".join(payload(i) for i in range(12))
+    objects["other/x.bin"] = b"x"
+    with run_moto("train", objects) as endpoint:
         yield endpoint
-    finally:
-        client.close()
-        server.stop()
 
 
 def options(endpoint: str) -> dict[str, Any]:

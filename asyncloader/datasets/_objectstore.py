@@ -161,16 +161,25 @@ class ObjectStoreDataset:
 
         retry = retry if retry is not None else Retry()
         store = open_store(url, retry, timeout, options)
-        keys: list[str] = []
+        failure: Exception | None = None
         try:
-            async for chunk in obstore.list(store, chunk_size=1000):
-                keys.extend(meta["path"] for meta in chunk)
+            # One awaited call for the whole listing: no stream is left half-read.
+            listing = await obstore.list(store, chunk_size=1000).collect_async()
+            keys = sorted(meta["path"] for meta in listing)
         except Exception as error:
-            raise _translate(error, f"LIST {redact_url(url)}") from None
-        if not keys:
-            raise FileNotFoundError(f"no object under {redact_url(url)}")
-        dataset = cls(store, sorted(keys), retry=retry, max_bytes=max_bytes)
-        return dataset
+            failure = _translate(error, f"LIST {redact_url(url)}")
+        else:
+            if not keys:
+                failure = FileNotFoundError(f"no object under {redact_url(url)}")
+        if failure is not None:
+            # The store goes now, not with the failed task's reference cycle at some later
+            # collection: a store dropped while the interpreter exits can abort the process.
+            del store
+            try:
+                raise failure
+            finally:
+                del failure
+        return cls(store, keys, retry=retry, max_bytes=max_bytes)
 
     def __len__(self) -> int:
         return len(self.locations)

@@ -1,0 +1,187 @@
+"""The command line: ``asyncloader bench SOURCE`` and ``asyncloader demo``.
+
+``bench`` answers "how fast can I read this?" in one command: it streams a source for a number
+of seconds or items with a progress bar, then prints items/s, MB/s, latency percentiles, the
+statistics report and the setting to change. A source is an HTTP URL template with ``{index}``,
+an object-store prefix (``s3://``, ``gs://``, ``az://``, ``file://``, ``memory://``) or a
+local folder. A bad source, missing credentials or an empty prefix exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._loader import DataLoader
+from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, Template
+
+_STORE_SCHEMES = (
+    "s3://",
+    "s3a://",
+    "gs://",
+    "az://",
+    "abfs://",
+    "abfss://",
+    "file://",
+    "memory://",
+)
+_S3_CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+
+
+class UsageError(Exception):
+    """A bad source or option: reported in one line, exit status 2."""
+
+
+def _store_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.endpoint:
+        options["endpoint"] = args.endpoint
+    if args.region:
+        options["region"] = args.region
+    if args.allow_http:
+        options["allow_http"] = True
+    if args.anonymous:
+        options["skip_signature"] = True
+    return options
+
+
+def _check_s3_credentials(source: str, options: dict[str, Any]) -> None:
+    # Checked here, not by trying: without credentials the client would ask the cloud's
+    # instance metadata service, which only answers on a cloud machine.
+    if not source.startswith(("s3://", "s3a://")) or options.get("skip_signature"):
+        return
+    if any(os.environ.get(name) for name in _S3_CREDENTIALS):
+        return
+    raise UsageError(
+        "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+        "or pass --anonymous for a public bucket"
+    )
+
+
+def open_source(args: argparse.Namespace) -> Any:
+    """The dataset that ``args.source`` names.
+
+    Raises:
+        UsageError: The source is of no known kind, or cannot be opened.
+    """
+    source: str = args.source
+    retry = Retry(max_retries=args.retries)
+    if source.startswith(("http://", "https://")):
+        if "{index" not in source:
+            raise UsageError("an HTTP source is a URL template with {index}, and --items N")
+        if args.items is None:
+            raise UsageError("an HTTP source needs --items N (how many indices exist)")
+        try:
+            return HttpDataset(Template(source), length=args.items, retry=retry)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    if source.startswith(_STORE_SCHEMES):
+        options = _store_options(args)
+        _check_s3_credentials(source, options)
+        try:
+            return asyncio.run(ObjectStoreDataset.from_prefix(source, retry=retry, **options))
+        except (ValueError, OSError) as error:
+            raise UsageError(str(error)) from None
+    if "://" in source:
+        raise UsageError(f"{source.split('://')[0]}:// is not a supported source")
+    if not os.path.isdir(source):
+        raise UsageError(f"{source!r} is not a folder, an HTTP URL template or a store prefix")
+    paths = sorted(
+        os.path.relpath(os.path.join(folder, name), source)
+        for folder, _, names in os.walk(source)
+        for name in names
+    )
+    if not paths:
+        raise UsageError(f"the folder {source!r} has no file")
+    return FileDataset(paths, root=source, retry=retry)
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Stream the source; print the figures, the report and the setting to change."""
+    from tqdm import tqdm
+
+    dataset = open_source(args)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        collate_fn=list,
+        num_workers=args.num_workers,
+        item_concurrency=args.item_concurrency,
+        errors="skip",
+    )
+    limit_items = args.items if args.items is not None else len(dataset)
+    deadline = time.perf_counter() + args.seconds
+    items = 0
+    started = time.perf_counter()
+    with (
+        loader,
+        tqdm(total=min(limit_items, len(dataset)), unit="item", disable=args.no_progress) as bar,
+    ):
+        for batch in loader:
+            items += len(batch)
+            bar.update(len(batch))
+            if items >= limit_items or time.perf_counter() >= deadline:
+                break
+    elapsed = time.perf_counter() - started
+    stats = loader.stats()
+    print(
+        f"{items} items in {elapsed:.2f} s: {items / elapsed:,.0f} items/s, "
+        f"{stats.bytes / elapsed / 1e6:,.1f} MB/s; fetch latency p50 "
+        f"{stats.fetch.p50_s * 1000:.1f} ms, p99 {stats.fetch.p99_s * 1000:.1f} ms"
+    )
+    print(stats.report())
+    print(f"suggested: {stats.bottleneck()[1]}")
+    if stats.skipped:
+        print(f"{stats.skipped} items failed and were skipped (see the log)")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncloader", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench_parser = commands.add_parser("bench", help="how fast can I read this source?")
+    bench_parser.add_argument("source", help="HTTP URL template, store prefix or folder")
+    bench_parser.add_argument("--seconds", type=float, default=10.0, help="stop after (10)")
+    bench_parser.add_argument("--items", type=int, help="stop after, and HTTP's item count")
+    bench_parser.add_argument("--batch-size", type=int, default=64)
+    bench_parser.add_argument("--num-workers", type=int, default=4)
+    bench_parser.add_argument("--item-concurrency", type=int, default=16)
+    bench_parser.add_argument("--retries", type=int, default=3)
+    bench_parser.add_argument("--endpoint", help="object store endpoint URL")
+    bench_parser.add_argument("--region", help="object store region")
+    bench_parser.add_argument("--allow-http", action="store_true", help="plain-HTTP endpoint")
+    bench_parser.add_argument("--anonymous", action="store_true", help="unsigned requests")
+    bench_parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    commands.add_parser("demo", help="stream from a local server it starts (demo --help)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; return its exit status (2 for a usage error)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["demo"]:  # the demo parses its own options
+        from ._demo import main as demo
+
+        return demo(arguments[1:])
+    args = _parser().parse_args(arguments)
+    try:
+        return bench(args)
+    except (UsageError, ValueError) as error:  # ValueError: a setting refused by the loader
+        print(f"asyncloader bench: {error}", file=sys.stderr)
+        return 2
+    finally:
+        # Free what failed tasks left in reference cycles (an object store's client) while
+        # the interpreter is whole: freed during its exit, it could abort the process.
+        gc.collect()

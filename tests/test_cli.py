@@ -1,0 +1,121 @@
+"""``asyncloader bench`` against a local server, a moto bucket and a folder, and its errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .servers import FaultServer, run_fault_server, run_moto
+
+ROOT = Path(__file__).parent.parent
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "asyncloader", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**base, **(env or {})},
+    )
+
+
+def items_read(output: str) -> int:
+    match = re.search(r"^(\d+) items in [\d.]+ s: [\d,]+ items/s, [\d,.]+ MB/s", output, re.M)
+    assert match, output
+    return int(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    with run_fault_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def bucket() -> Iterator[str]:
+    objects = {f"train/{i:03d}.bin": bytes(100) for i in range(40)}
+    with run_moto("bench", objects) as endpoint:
+        yield endpoint
+
+
+def test_bench_an_http_source(server: FaultServer) -> None:
+    result = cli("bench", server.url + "/echo/{index}", "--items", "50", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert items_read(result.stdout) == 50
+    assert re.search(r"^(fetch|consumer|transform|collate)-bound: ", result.stdout, re.M)
+    assert "suggested: " in result.stdout
+    assert "fetch latency p50" in result.stdout
+
+
+def test_bench_a_bucket_prefix(bucket: str) -> None:
+    result = cli(
+        "bench",
+        "s3://bench/train/",
+        "--endpoint",
+        bucket,
+        "--allow-http",
+        "--region",
+        "us-east-1",
+        "--no-progress",
+        env=CREDENTIALS,
+    )
+    assert result.returncode == 0, result.stderr
+    assert items_read(result.stdout) == 40
+    assert "0.0 MiB" in result.stdout or "MiB" in result.stdout
+
+
+def test_bench_a_folder_with_a_progress_bar(tmp_path: Path) -> None:
+    for i in range(30):
+        (tmp_path / f"{i}.bin").write_bytes(b"x" * 1000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "more.bin").write_bytes(b"y" * 10)
+    result = cli("bench", str(tmp_path), "--seconds", "30")
+    assert result.returncode == 0, result.stderr
+    assert items_read(result.stdout) == 31
+    assert "31/31" in result.stderr  # tqdm's bar, on stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ftp://host/x"], "ftp:// is not a supported source"),
+        (["http://127.0.0.1:1/x"], "{index}"),
+        (["http://127.0.0.1:1/{index}"], "--items"),
+        (["/nonexistent/folder"], "is not a folder"),
+        (["s3://bench/train/"], "no S3 credentials"),
+        (["s3://bench/train/", "--num-workers", "-1", "--anonymous"], None),
+    ],
+)
+def test_bad_sources_exit_with_status_2(args: list[str], message: str | None) -> None:
+    result = cli("bench", *args, "--no-progress")
+    assert result.returncode == 2, result.stdout + result.stderr
+    if message is not None:
+        assert message in result.stderr
+
+
+def test_an_empty_prefix_or_folder_exits_with_status_2(bucket: str, tmp_path: Path) -> None:
+    result = cli(
+        "bench",
+        "s3://bench/nothing/",
+        "--endpoint",
+        bucket,
+        "--allow-http",
+        "--region",
+        "us-east-1",
+        env=CREDENTIALS,
+    )
+    assert result.returncode == 2
+    assert "no object under s3://bench/nothing/" in result.stderr
+    empty = cli("bench", str(tmp_path))
+    assert empty.returncode == 2
+    assert "has no file" in empty.stderr
