@@ -25,6 +25,7 @@ from .datasets import HttpDataset as HttpDataset
 from .datasets import ObjectStoreDataset as ObjectStoreDataset
 from .datasets import Retry as Retry
 from .datasets import Template as Template
+from .transforms import ImageCollator as ImageCollator
 
 __all__ = [
     "Compose",
@@ -32,6 +33,7 @@ __all__ = [
     "DistributedSampler",
     "FileDataset",
     "HttpDataset",
+    "ImageCollator",
     "LoaderStats",
     "ObjectStoreDataset",
     "RandomSampler",

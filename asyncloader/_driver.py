@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ._augment import epoch_key
 from ._handoff import END, Failure
 from ._pool import ThreadPool
 from ._skip import Skipper
@@ -123,6 +124,8 @@ class Work:
     item_concurrency: int
     recorder: Recorder
     skipper: Skipper | None
+    augment: tuple[int, int]
+    """``(seed, epoch)``: the key random transforms draw from."""
 
     async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the CPU pool."""
@@ -243,7 +246,10 @@ async def process_batch(work: Work, indices: list[int]) -> Batch | Failure:
 async def drive(work: Work, batches: Sequence[list[int]], handoff: Handoff) -> None:
     """Run an epoch: every batch in order through ``handoff``, then :data:`END`."""
     loop = asyncio.get_running_loop()
-    current.set(work.recorder)  # the batch tasks inherit it: the retry loops count into it
+    # The batch tasks, and the pool jobs they start, inherit both: the datasets' retry loops
+    # count into the recorder, random transforms draw from the epoch's key.
+    current.set(work.recorder)
+    epoch_key.set(work.augment)
     running: deque[asyncio.Task[Batch | Failure]] = deque()
     started = 0
     recorder = work.recorder

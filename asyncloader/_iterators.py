@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from ._augment import epoch_key
 from ._driver import Batch, Work, drive, fetch_or_skip, transform_items
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
@@ -54,7 +55,9 @@ class DirectIterator:
         progress: Progress,
         recorder: Recorder,
         skipper: Skipper | None,
+        augment: tuple[int, int],
     ) -> None:
+        self._augment = augment
         self._progress = progress
         self._recorder = recorder
         self._skipper = skipper
@@ -85,6 +88,7 @@ class DirectIterator:
         clock = time.perf_counter
         started = clock()
         token = current.set(recorder)  # the datasets' retry loops count into it
+        key = epoch_key.set(self._augment)  # random transforms draw from it
         fetched_items: list[Any] | None = None
         fetched = collating = collated = started
         try:
@@ -98,6 +102,7 @@ class DirectIterator:
             collated = clock()
         finally:
             current.reset(token)
+            epoch_key.reset(key)
             # On this path the consumer waits for the whole of the loader's work.
             ended = clock()
             recorder.record_direct_batch(

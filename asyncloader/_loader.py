@@ -393,7 +393,7 @@ class DataLoader:
             )
         return self._runtime
 
-    def _work(self, runtime: Runtime) -> Work:
+    def _work(self, runtime: Runtime, epoch: int) -> Work:
         return Work(
             source=Source(self._dataset, None if self._is_async else runtime.io),
             transform=self._transform,
@@ -403,6 +403,7 @@ class DataLoader:
             item_concurrency=self._settings.item_concurrency,
             recorder=self._recorder,
             skipper=self._skipper,
+            augment=(self._seed, epoch),
         )
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
@@ -419,11 +420,12 @@ class DataLoader:
                 progress,
                 self._recorder,
                 self._skipper,
+                (self._seed, progress.epoch),
             )
         runtime = self._runtime_here()
         return ThreadedIterator(
             runtime,
-            self._work(runtime),
+            self._work(runtime, progress.epoch),
             batches,
             settings.prefetch_depth,
             settings.timeout,
@@ -434,7 +436,7 @@ class DataLoader:
     def _aiterate(self, with_indices: bool) -> AsyncIterator:
         batches, progress = self._start_epoch()
         return AsyncIterator(
-            self._work(self._runtime_here()),
+            self._work(self._runtime_here(), progress.epoch),
             batches,
             self._settings.prefetch_depth,
             self._settings.timeout,

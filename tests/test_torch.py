@@ -6,8 +6,10 @@ this project's machines for Python 3.11 only, the version CI runs.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,3 +86,26 @@ def test_ranks_take_disjoint_shares_like_torch(n: int, drop_last: bool) -> None:
         else:
             assert set(flat) == set(range(n))
             assert len(flat) == -(-n // 3) * 3
+
+
+def test_torch_shares_the_memory_of_a_batch() -> None:
+    from asyncloader import ImageCollator
+
+    from .images import picture
+
+    collate = ImageCollator(buffers=2, dtype=np.float32)
+    batch = collate([picture(8, 10, seed=i) for i in range(4)])
+    through_numpy = torch.from_numpy(batch)
+    through_dlpack = torch.utils.dlpack.from_dlpack(batch)
+    through_numpy[0, 0, 0, 0] = 42.0
+    assert batch[0, 0, 0, 0] == 42.0
+    assert through_dlpack[0, 0, 0, 0] == 42.0
+    batch[1, 1, 1, 1] = -1.0
+    assert through_numpy[1, 1, 1, 1] == -1.0
+    where = batch.ctypes.data
+    del batch
+    gc.collect()
+    # The tensors still hold the memory: it is not reused under them.
+    other = collate([picture(8, 10, seed=i) for i in range(4)])
+    assert other.ctypes.data != where
+    assert through_numpy[0, 0, 0, 0] == 42.0

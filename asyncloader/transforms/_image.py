@@ -1,0 +1,77 @@
+"""What the image transforms pass along: NumPy arrays, channels last until ``ToCHW``.
+
+An image is a 3-D array: ``HWC`` (height, width, channels) or, after :class:`ToCHW`, a
+:class:`CHWImage` (an ``ndarray`` subclass that only marks the layout). Each step checks what
+it is given and fails the item with a ``TypeError`` naming the step and what it accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._augment import epoch_key
+
+Image = np.ndarray[Any, Any]
+"""An image: a 3-D NumPy array."""
+
+
+class CHWImage(np.ndarray):  # type: ignore[type-arg,unused-ignore]
+    """An image laid out channels first (``ToCHW``'s output); otherwise a plain ``ndarray``."""
+
+
+def describe(value: object) -> str:
+    """What a step was given, in a few words."""
+    if isinstance(value, np.ndarray):
+        layout = "CHW" if isinstance(value, CHWImage) else ("HWC" if value.ndim == 3 else "")
+        return f"a {layout + ' ' if layout else ''}{value.dtype} array of shape {value.shape}"
+    return f"a {type(value).__name__}"
+
+
+def check_image(
+    step: str, value: object, *, uint8: bool | None = None, chw: bool | None = False
+) -> Image:
+    """``value`` if it is an image this step takes; else a ``TypeError`` saying what it takes.
+
+    Args:
+        step: The step's name, for the message.
+        value: What the step was given.
+        uint8: ``True``: uint8 only; ``False``: floating point only; ``None``: either.
+        chw: ``False``: HWC only; ``True``: CHW only; ``None``: either.
+    """
+    ok = isinstance(value, np.ndarray) and value.ndim == 3
+    if ok and uint8 is not None:
+        dtype = getattr(value, "dtype", None)
+        ok = bool(dtype == np.uint8) if uint8 else bool(np.issubdtype(dtype, np.floating))
+    if ok and chw is not None:
+        ok = isinstance(value, CHWImage) == chw
+    if not ok:
+        layout = {False: "HWC ", True: "CHW ", None: ""}[chw]
+        kind = {True: "uint8 ", False: "float ", None: ""}[uint8]
+        raise TypeError(f"{step} takes a {layout}{kind}image (3-D array), got {describe(value)}")
+    assert isinstance(value, np.ndarray)
+    return value
+
+
+def generator(index: int, salt: int) -> np.random.Generator:
+    """The generator of item ``index`` for a random step with ``salt``, in this epoch."""
+    seed, epoch = epoch_key.get()
+    return np.random.default_rng([seed, epoch, index, salt])
+
+
+def pair(name: str, value: int | tuple[int, int]) -> tuple[int, int]:
+    """``(height, width)`` from an int (square) or a pair, each at least 1."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        result = (value, value)
+    elif (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        result = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name} must be an int or a (height, width) pair, got {value!r}")
+    if min(result) < 1:
+        raise ValueError(f"{name} must be at least 1, got {value!r}")
+    return result

@@ -1,0 +1,70 @@
+"""From pixels to model input: ``ToFloat``, ``Normalize``, ``ToCHW``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._image import CHWImage, Image, check_image
+
+
+class ToFloat:
+    """A uint8 image (HWC or CHW) to float32 in ``[0, 1]``."""
+
+    def __call__(self, index: int, item: Any) -> Image:
+        """Convert ``item``."""
+        image = check_image("ToFloat", item, uint8=True, chw=None)
+        out: Image = np.divide(image, np.float32(255), dtype=np.float32)
+        return out.view(CHWImage) if isinstance(image, CHWImage) else out
+
+    def __repr__(self) -> str:
+        return "ToFloat()"
+
+
+class Normalize:
+    """``(image - mean) / std`` per channel, on a float image (HWC or CHW).
+
+    Args:
+        mean: One value per channel.
+        std: One value per channel, none zero.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        if self.mean.shape != self.std.shape or self.mean.ndim != 1:
+            raise ValueError(f"Normalize: mean {mean!r} and std {std!r} must be equal-length lists")
+        if np.any(self.std == 0):
+            raise ValueError(f"Normalize: std must not be zero, got {std!r}")
+        self._scale = (1 / self.std).astype(np.float32)
+
+    def __call__(self, index: int, item: Any) -> Image:
+        """Normalize ``item``."""
+        image = check_image("Normalize", item, uint8=False, chw=None)
+        chw = isinstance(image, CHWImage)
+        channels = image.shape[0] if chw else image.shape[2]
+        if channels != len(self.mean):
+            raise ValueError(
+                f"Normalize has {len(self.mean)} channels' mean and std, the image {channels}"
+            )
+        shape = (-1, 1, 1) if chw else (1, 1, -1)
+        out: Image = (np.asarray(image) - self.mean.reshape(shape)) * self._scale.reshape(shape)
+        return out.view(CHWImage) if chw else out
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean.tolist()}, std={self.std.tolist()})"
+
+
+class ToCHW:
+    """An HWC image to channels first (a view; the collator makes the one copy)."""
+
+    def __call__(self, index: int, item: Any) -> Image:
+        """Transpose ``item``."""
+        image = check_image("ToCHW", item, chw=False)
+        out: Image = image.transpose(2, 0, 1).view(CHWImage)
+        return out
+
+    def __repr__(self) -> str:
+        return "ToCHW()"
