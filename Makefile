@@ -29,6 +29,8 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python benches/bench_overhead.py
 	$(BIN)/python benches/bench_latency.py
+	$(BIN)/python benches/bench_datasets.py
+	$(BIN)/python benches/bench_images.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

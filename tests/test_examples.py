@@ -11,7 +11,7 @@ import pytest
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-@pytest.mark.parametrize("script", ["async_consumer.py", "train_loop.py"])
+@pytest.mark.parametrize("script", ["async_consumer.py", "train_loop.py", "train_images.py"])
 def test_example_runs(script: str) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=120

@@ -1,0 +1,90 @@
+"""Train a tiny torch model for a few steps on images streamed through the loader.
+
+Run: ``.venv/bin/python examples/train_images.py``. It writes 256 small JPEGs of two classes
+(reddish or bluish) into a temporary folder, streams them with ``FileDataset``, decodes and
+augments them on the loader's CPU pool, collates each batch once into reused memory, and
+hands it to torch without a copy.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from asyncloader import DataLoader, FileDataset, ImageCollator, Template
+from asyncloader.transforms import (
+    Compose,
+    Decode,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    ToCHW,
+    ToFloat,
+)
+
+IMAGES = 256
+
+
+def write_images(folder: Path) -> None:
+    """Image ``i`` is reddish for even ``i``, bluish for odd ``i``, with noise."""
+    rng = np.random.default_rng(0)
+    for index in range(IMAGES):
+        pixels = rng.integers(0, 96, (48, 64, 3))
+        pixels[:, :, 0 if index % 2 == 0 else 2] += 150
+        out = io.BytesIO()
+        Image.fromarray(pixels.astype(np.uint8)).save(out, "JPEG", quality=90)
+        (folder / f"{index:04d}.jpg").write_bytes(out.getvalue())
+
+
+def main() -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 2),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    augment = Compose(
+        [
+            Decode(),
+            RandomResizedCrop(32, scale=(0.5, 1.0)),
+            RandomHorizontalFlip(),
+            ToFloat(),
+            Normalize(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25]),
+            ToCHW(),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        write_images(Path(folder))
+        loader = DataLoader(
+            FileDataset(Template("{index:04d}.jpg"), root=folder, length=IMAGES),
+            batch_size=32,
+            shuffle=True,
+            seed=0,
+            transform=augment,
+            collate_fn=ImageCollator(buffers=2),
+            num_workers=2,
+        )
+        with loader:
+            for epoch in range(3):
+                losses = []
+                for indices, batch in tqdm(loader.iter_with_indices(), total=len(loader)):
+                    images = torch.from_numpy(batch)  # shares the batch's memory
+                    labels = torch.tensor([index % 2 for index in indices])
+                    loss = torch.nn.functional.cross_entropy(model(images), labels)
+                    optimizer.zero_grad()
+                    loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
+                    optimizer.step()
+                    losses.append(float(loss))
+                print(f"epoch {epoch}: mean loss {np.mean(losses):.3f}")
+
+
+if __name__ == "__main__":
+    main()
