@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from ._cli import main
+from ._cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

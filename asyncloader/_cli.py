@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ._loader import DataLoader
 from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, Template
@@ -166,6 +167,20 @@ def _parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     commands.add_parser("demo", help="stream from a local server it starts (demo --help)")
     return parser
+
+
+def run() -> NoReturn:
+    """The ``asyncloader`` command: :func:`main`, then an exit that skips finalization.
+
+    Everything is closed by then; the interpreter's finalization is skipped because obstore's
+    runtime threads can abort a process whose interpreter is being torn down (seen on Python
+    3.10 after a failed listing, with no Python frame left).
+    """
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
