@@ -7,10 +7,13 @@ loader's loop (``for``) or from pytest's loop (``async for``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from aiohttp import web
 
@@ -20,13 +23,25 @@ def body(size: int) -> bytes:
     return bytes(i % 251 for i in range(size))
 
 
+def random_body(index: int) -> bytes:
+    """The body of ``/random/{index}``: 2 KiB that differ for every index."""
+    return hashlib.sha256(str(index).encode()).digest() * 64
+
+
+FAULTS = ("500", "503", "reset", "short", "stall")
+
+
 class FaultServer:
     """Routes that fail in each way a real server or network can, counting every hit."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.hits: Counter[str] = Counter()
         self.headers_seen: list[dict[str, str]] = []
         self.url = ""
+        self.rng = random.Random(seed)
+        self.faults: Counter[str] = Counter()
+        self.streak: Counter[str] = Counter()
+        self.stall_s = 1.0
 
     def routes(self) -> web.Application:
         app = web.Application()
@@ -42,6 +57,7 @@ class FaultServer:
         app.router.add_get("/liar/{key}", self.liar)
         app.router.add_get("/redirect/{key}", self.redirect)
         app.router.add_get("/echo/{name}", self.echo)
+        app.router.add_get("/random/{index}", self.random_faults)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -121,6 +137,34 @@ class FaultServer:
         self._hit(request)
         raise web.HTTPFound(request.path)  # to itself, forever
 
+    async def random_faults(self, request: web.Request) -> web.StreamResponse:
+        """Fails 30 % of requests at random, never more than 3 times in a row for one path."""
+        self._hit(request)
+        path = request.path
+        payload = random_body(int(request.match_info["index"]))
+        if self.streak[path] >= 3 or self.rng.random() >= 0.3:
+            self.streak[path] = 0
+            return web.Response(body=payload)
+        self.streak[path] += 1
+        fault = self.rng.choice(FAULTS)
+        self.faults[fault] += 1
+        if fault == "500":
+            return web.Response(status=500)
+        if fault == "503":
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        if fault == "stall":
+            await asyncio.sleep(self.stall_s)
+            return web.Response(body=payload)
+        response = web.StreamResponse(headers={"Content-Length": str(len(payload))})
+        await response.prepare(request)
+        await response.write(payload[: len(payload) // 3])
+        assert request.transport is not None
+        if fault == "reset":
+            request.transport.abort()
+        else:
+            request.transport.close()
+        return response
+
     async def echo(self, request: web.Request) -> web.Response:
         self._hit(request)
         return web.Response(text=request.match_info["name"])
@@ -149,19 +193,42 @@ def run_fault_server() -> Iterator[FaultServer]:
         loop.close()
 
 
-@contextmanager
-def run_moto(bucket: str, objects: dict[str, bytes]) -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1 with ``bucket`` holding ``objects``; yields its endpoint."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+class Moto:
+    """A running moto S3 server on 127.0.0.1 that can be restarted on its port."""
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._make = lambda port: ThreadedMotoServer(
+            ip_address="127.0.0.1", port=port, verbose=False
+        )
+        self.server = self._make(0)
+        self.server.start()
+        host, self.port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{self.port}"
+
+    @staticmethod
+    def _make(port: int) -> Any:
+        from moto.server import ThreadedMotoServer
+
+        return ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+
+    def restart(self) -> None:
+        """Stop the server and start another on the same port (moto keeps its data)."""
+        self.server.stop()
+        self.server = self._make(self.port)
+        self.server.start()
+
+
+@contextmanager
+def run_moto(bucket: str, objects: dict[str, bytes]) -> Iterator[Moto]:
+    """moto's S3 server with ``bucket`` holding ``objects``."""
+    import boto3
+
+    moto = Moto()
     client = boto3.client(
         "s3",
-        endpoint_url=endpoint,
+        endpoint_url=moto.endpoint,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
         region_name="us-east-1",
@@ -170,7 +237,7 @@ def run_moto(bucket: str, objects: dict[str, bytes]) -> Iterator[str]:
     for key, value in objects.items():
         client.put_object(Bucket=bucket, Key=key, Body=value)
     try:
-        yield endpoint
+        yield moto
     finally:
         client.close()
-        server.stop()
+        moto.server.stop()

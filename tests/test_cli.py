@@ -44,8 +44,8 @@ def server() -> Iterator[FaultServer]:
 @pytest.fixture(scope="module")
 def bucket() -> Iterator[str]:
     objects = {f"train/{i:03d}.bin": bytes(100) for i in range(40)}
-    with run_moto("bench", objects) as endpoint:
-        yield endpoint
+    with run_moto("bench", objects) as moto:
+        yield moto.endpoint
 
 
 def test_bench_an_http_source(server: FaultServer) -> None:

@@ -28,8 +28,8 @@ def s3() -> Iterator[str]:
     objects = {f"data/{i:03d}.bin": payload(i) for i in reversed(range(12))}
     objects["shards/all.bin"] = b"".join(payload(i) for i in range(12))
     objects["other/x.bin"] = b"x"
-    with run_moto("train", objects) as endpoint:
-        yield endpoint
+    with run_moto("train", objects) as moto:
+        yield moto.endpoint
 
 
 def options(endpoint: str) -> dict[str, Any]:
