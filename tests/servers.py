@@ -197,11 +197,6 @@ class Moto:
     """A running moto S3 server on 127.0.0.1 that can be restarted on its port."""
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self._make = lambda port: ThreadedMotoServer(
-            ip_address="127.0.0.1", port=port, verbose=False
-        )
         self.server = self._make(0)
         self.server.start()
         host, self.port = self.server.get_host_and_port()
