@@ -46,7 +46,14 @@ def default_collate(items: Sequence[Any]) -> Any:
             raise ValueError(f"default_collate: arrays of different shapes {sorted(shapes)}")
         return np.stack(items)
     if isinstance(first, _NUMBERS):
-        return np.asarray(items)
+        batch = np.asarray(items)
+        if batch.dtype == object:  # a None or a non-number among numbers: no silent object array
+            odd = next(item for item in items if not isinstance(item, _NUMBERS))
+            raise TypeError(
+                f"default_collate: a batch of {type(first).__name__} items holds a "
+                f"{type(odd).__name__} ({odd!r})"
+            )
+        return batch
     if isinstance(first, _KEPT_AS_LIST):
         return list(items)
     if _is_tensor(first):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import struct
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,6 +60,7 @@ class FaultServer:
         app.router.add_get("/redirect/{key}", self.redirect)
         app.router.add_get("/echo/{name}", self.echo)
         app.router.add_get("/random/{index}", self.random_faults)
+        app.router.add_get("/bomb", self.bomb)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -164,6 +167,18 @@ class FaultServer:
         else:
             request.transport.close()
         return response
+
+    async def bomb(self, request: web.Request) -> web.Response:
+        """A PNG whose header claims 100,000 x 100,000 pixels: a decompression bomb."""
+        self._hit(request)
+
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            crc = struct.pack(">I", zlib.crc32(kind + body))
+            return struct.pack(">I", len(body)) + kind + body + crc
+
+        header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+        return web.Response(body=png, content_type="image/png")
 
     async def echo(self, request: web.Request) -> web.Response:
         self._hit(request)

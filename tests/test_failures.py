@@ -270,3 +270,34 @@ def test_len_without_a_sampler_len_raises_type_error() -> None:
     loader = DataLoader(SyncData(5), sampler=iter([0, 1]))
     with pytest.raises(TypeError, match="no len"):
         len(loader)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 1), (1, 3)])
+def test_a_transform_returning_none_fails_its_batch_clearly(
+    num_workers: int, item_concurrency: int
+) -> None:
+    def sometimes_none(index: int, item: int) -> int | None:
+        return None if index == 5 else item
+
+    with DataLoader(
+        SyncData(12),
+        batch_size=4,
+        transform=sometimes_none,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    ) as loader:
+        out = _collect_sync(loader)
+    assert out[0] == [0, 1, 2, 3]
+    assert isinstance(out[1], TypeError)
+    assert "NoneType" in str(out[1])
+    assert out[2] == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("odd", [None, "text", iter([1, 2]), object()])
+def test_a_collate_fn_may_return_any_value_and_the_epoch_stays_whole(odd: object) -> None:
+    with DataLoader(
+        SyncData(9), batch_size=3, collate_fn=lambda items: odd, num_workers=2
+    ) as loader:
+        batches = list(loader)
+    assert len(batches) == 3
+    assert all(batch is odd for batch in batches)

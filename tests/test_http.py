@@ -243,3 +243,19 @@ def test_a_forked_child_opens_its_own_session(server: FaultServer) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert len(list(loader)) == 2  # the parent goes on
+
+
+def test_a_hostile_server_cannot_make_the_loader_hold_more_than_its_limits(
+    server: FaultServer,
+) -> None:
+    from asyncloader.transforms import Decode
+
+    data = HttpDataset(
+        [server.url + "/bomb", server.url + "/chunked/100000000/hostile"], max_bytes=2**20
+    )
+    with DataLoader(data, transform=Decode(), collate_fn=list, num_workers=1) as loader:
+        iterator = iter(loader)
+        with pytest.raises(ValueError, match="pixels"):  # refused from the header
+            next(iterator)
+        with pytest.raises(ValueError, match="max_bytes"):  # cut off at 1 MiB of 100 MB
+            next(iterator)

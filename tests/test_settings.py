@@ -87,3 +87,49 @@ def test_set_epoch_chooses_the_order() -> None:
     assert next(iter(loader)).tolist() == epochs[1]
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(-1)
+
+
+@given(
+    st.sampled_from(
+        [
+            "batch_size",
+            "num_workers",
+            "item_concurrency",
+            "prefetch_depth",
+            "cpu_threads",
+            "timeout",
+            "drop_last",
+            "shuffle",
+            "pin_memory",
+            "seed",
+            "transform",
+            "collate_fn",
+            "sampler",
+            "errors",
+            "max_errors",
+            "rank",
+            "world_size",
+        ]
+    ),
+    st.one_of(
+        st.integers(max_value=-1),
+        st.floats(allow_nan=True),
+        st.text(max_size=3),
+        st.binary(max_size=2),
+        st.lists(st.none(), max_size=1),
+        st.just(object()),
+    ),
+)
+def test_every_setting_refuses_bad_values_at_construction(name: str, value: object) -> None:
+    settings: dict[str, Any] = {name: value}
+    message = None
+    try:
+        DataLoader(SyncData(4), **settings)
+    except (ValueError, TypeError) as error:
+        message = str(error)
+    if message is not None:
+        assert name in message
+    else:
+        # Only valid values get through: a positive float timeout, a list of ints as sampler.
+        assert name in ("timeout", "sampler")
+        assert value is not None
