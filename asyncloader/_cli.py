@@ -21,17 +21,8 @@ from typing import Any, NoReturn
 
 from ._loader import DataLoader
 from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, Template
+from .datasets._objectstore import SCHEMES
 
-_STORE_SCHEMES = (
-    "s3://",
-    "s3a://",
-    "gs://",
-    "az://",
-    "abfs://",
-    "abfss://",
-    "file://",
-    "memory://",
-)
 _S3_CREDENTIALS = (
     "AWS_ACCESS_KEY_ID",
     "AWS_PROFILE",
@@ -88,7 +79,7 @@ def open_source(args: argparse.Namespace) -> Any:
             return HttpDataset(Template(source), length=args.items, retry=retry)
         except ValueError as error:
             raise UsageError(str(error)) from None
-    if source.startswith(_STORE_SCHEMES):
+    if source.startswith(SCHEMES) and not source.startswith(("http://", "https://")):
         options = _store_options(args)
         _check_s3_credentials(source, options)
         try:
