@@ -20,7 +20,7 @@ from .datasets import AsyncData, SyncData
 from .servers import FaultServer, random_body, run_fault_server, run_moto
 
 ITEMS = 5000
-RETRY = Retry(max_retries=4, initial_backoff=0.001, max_backoff=0.01)
+RETRY = Retry(max_retries=6, initial_backoff=0.001, max_backoff=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ EXPECTED = [checksum(random_body(i)) for i in range(ITEMS)]
 
 def _fault_dataset(server: FaultServer) -> HttpDataset:
     return HttpDataset(
-        Template(server.url + "/random/{index}"), length=ITEMS, retry=RETRY, timeout=0.25
+        Template(server.url + "/random/{index}"), length=ITEMS, retry=RETRY, timeout=0.5
     )
 
 
@@ -51,7 +51,9 @@ def _check_nothing_lost(
     injected = sum(server.faults.values()) - faults_before
     assert injected > ITEMS * 0.3 * 0.8  # about 30 % of first attempts failed, and more
     assert set(server.faults) == {"500", "503", "reset", "short", "stall"}
-    assert retries == injected
+    # Each injected fault cost one retry (a response slowed past the time-out by a loaded
+    # machine costs one more: at least, not exactly).
+    assert retries >= injected
 
 
 @pytest.mark.timeout(300)
