@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from ._augment import epoch_key
 from ._handoff import END, Failure
-from ._pool import ThreadPool
+from ._pool import ThreadPool, priority
 from ._skip import Skipper
 from ._source import Source, fetch_batch, fetch_item
 from ._stats import Recorder, current
@@ -218,8 +218,13 @@ async def _fetch_whole(work: Work, indices: list[int]) -> list[Any]:
     return items
 
 
-async def process_batch(work: Work, indices: list[int]) -> Batch | Failure:
-    """Fetch, transform and collate one batch; a failure is returned, never raised."""
+async def process_batch(work: Work, indices: list[int], position: int) -> Batch | Failure:
+    """Fetch, transform and collate one batch; a failure is returned, never raised.
+
+    ``position`` (the batch's place in the epoch) is the priority of its pool jobs: older
+    batches, which the consumer will take first, get the threads first.
+    """
+    priority.set(position)  # this task's own context: its jobs only
     try:
         batch: Batch
         if work.item_concurrency == 1 and work.source.fetches_whole_batches:
@@ -256,7 +261,7 @@ async def drive(work: Work, batches: Sequence[list[int]], handoff: Handoff) -> N
     try:
         while True:
             while started < len(batches) and len(running) < work.batch_tasks:
-                running.append(loop.create_task(process_batch(work, batches[started])))
+                running.append(loop.create_task(process_batch(work, batches[started], started)))
                 started += 1
             if not running:
                 break

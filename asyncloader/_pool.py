@@ -16,15 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import os
 import sys
 import threading
 from collections.abc import Callable
-from queue import SimpleQueue
+from queue import PriorityQueue
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 _Job = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future[Any]]
+_Entry = tuple[float, int, _Job | None]
+
+priority: contextvars.ContextVar[int] = contextvars.ContextVar("asyncloader_priority", default=0)
+"""The priority of the jobs the running code submits: lower runs first. A batch task sets its
+batch's position in the epoch, so the batch the consumer waits for gets the threads first."""
 
 
 class _Counter:
@@ -50,9 +56,9 @@ def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_exception(error)
 
 
-def _work(jobs: SimpleQueue[_Job | None], ready: threading.Semaphore, counter: _Counter) -> None:
+def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Counter) -> None:
     while True:
-        job = jobs.get()
+        job = jobs.get()[2]
         if job is None:
             return
         fn, args, loop, future = job
@@ -85,7 +91,8 @@ class ThreadPool:
         self.max_threads = max_threads
         self.name = name
         self.pid = os.getpid()
-        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._jobs: PriorityQueue[_Entry] = PriorityQueue()
+        self._order = itertools.count()  # FIFO among jobs of the same priority
         self._ready = threading.Semaphore(0)
         self._counter = _Counter()
         self._threads: list[threading.Thread] = []
@@ -101,7 +108,8 @@ class ThreadPool:
         self._counter.add(1)
         # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
         # datasets find the epoch's statistics in it.
-        self._jobs.put((contextvars.copy_context().run, (fn, *args), loop, future))
+        job = (contextvars.copy_context().run, (fn, *args), loop, future)
+        self._jobs.put((priority.get(), next(self._order), job))
         # A thread that finished a job released `_ready`: reuse it before starting another.
         if not self._ready.acquire(blocking=False):
             self._start_thread()
@@ -145,8 +153,8 @@ class ThreadPool:
             wait = wait and not self.busy
         if os.getpid() != self.pid:
             return
-        for _ in threads:
-            self._jobs.put(None)
+        for _ in threads:  # after every queued job
+            self._jobs.put((float("inf"), next(self._order), None))
         if wait and not sys.is_finalizing():
             for thread in threads:
                 if thread is not threading.current_thread():
