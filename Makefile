@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python benches/bench_latency.py
 	$(BIN)/python benches/bench_datasets.py
 	$(BIN)/python benches/bench_images.py
+	$(BIN)/python benches/bench_peers.py
+	$(BIN)/python benches/plots.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,104 @@
+"""Plots for docs/performance.md, drawn from benches/results/*.json (run the benches first).
+
+- ``http_in_flight.png``: items/s against requests in flight (HttpDataset, bare aiohttp, the
+  in-flight / latency limit), from ``datasets-http.json`` or ``datasets.json``.
+- ``memory_over_time.png``: total RSS of all processes over a run of the image workload, for
+  asyncloader, torch DataLoader and SPDL, from ``peers.json``.
+
+Run: ``.venv/bin/python benches/plots.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+import matplotlib.pyplot as plt
+
+RESULTS = Path(__file__).parent / "results"
+IMAGES = Path(__file__).parent.parent / "docs" / "img"
+
+
+def _load(*names: str) -> dict[str, Any] | None:
+    for name in names:
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            loaded: dict[str, Any] = json.loads(path.read_text())
+            return loaded
+    return None
+
+
+def http_in_flight() -> Path | None:
+    """Items/s against requests in flight."""
+    results = _load("datasets-http", "datasets")
+    if results is None:
+        return None
+    http = results.get("http", results)
+    points = sorted(int(key.rsplit("_", 1)[1]) for key in http if key.startswith("in_flight_"))
+    if not points:
+        return None
+    latency = results.get("latency_s", 0.020)
+    figure, axes = plt.subplots(figsize=(6, 4))
+    series = {
+        "asyncloader HttpDataset (best shape)": [
+            max(
+                http[f"in_flight_{p}"]["medians"].get(name, 0.0)
+                for name in ("asyncloader HttpDataset", "asyncloader HttpDataset, 16 batches")
+            )
+            for p in points
+        ],
+        "bare asyncio + aiohttp": [
+            http[f"in_flight_{p}"]["medians"]["bare asyncio + aiohttp"] for p in points
+        ],
+        "limit (in flight / 20 ms)": [p / latency for p in points],
+    }
+    for label, values in series.items():
+        axes.plot(
+            points, values, marker="o", label=label, linestyle="--" if "limit" in label else "-"
+        )
+    axes.set_xlabel("requests in flight")
+    axes.set_ylabel("items/s")
+    axes.set_title("16 KiB items behind 20 ms, 2 cores")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    return _save(figure, "http_in_flight.png")
+
+
+def memory_over_time() -> Path | None:
+    """RSS of all processes over a run of the image workload."""
+    results = _load("peers")
+    if results is None or "images" not in results:
+        return None
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for system, runs in results["images"]["runs"].items():
+        timeline = runs[0]["timeline"]
+        axes.plot([t for t, _ in timeline], [rss for _, rss in timeline], label=system)
+    axes.set_xlabel("seconds since the process started")
+    axes.set_ylabel("RSS of all processes (MiB)")
+    axes.set_title("2,000 JPEGs, decode + augment, 2 threads / 2 workers")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    return _save(figure, "memory_over_time.png")
+
+
+def _save(figure: Any, name: str) -> Path:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / name
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    for draw in (http_in_flight, memory_over_time):
+        path = draw()
+        print(f"{draw.__name__}: {path if path else 'no results yet'}")
+
+
+if __name__ == "__main__":
+    main()
