@@ -14,8 +14,10 @@ Run: ``.venv/bin/python benches/bench_images.py [--images N] [--repeats R]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -153,6 +155,32 @@ def main() -> None:
         + ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items())
     )
 
+    # Throughput against CPU threads (the same chain; 1 thread is the one-core baseline).
+    def with_threads(threads: int) -> float:
+        sweep = DataLoader(
+            Jpegs(jpegs[:1000]),
+            batch_size=64,
+            transform=chain(),
+            collate_fn=ImageCollator(buffers=4),
+            num_workers=2,
+            item_concurrency=2,
+            cpu_threads=threads,
+        )
+        with sweep:
+            sum(len(batch) for batch in sweep)  # warm
+            started = time.perf_counter()
+            count = sum(len(batch) for batch in sweep)
+            return count / (time.perf_counter() - started)
+
+    sweep_systems: dict[str, Callable[[], float]] = {
+        str(threads): functools.partial(with_threads, threads) for threads in (1, 2, 4)
+    }
+    threads_figures = interleave(sweep_systems, args.repeats)
+    threads_medians = {threads: median(values) for threads, values in threads_figures.items()}
+    print("\n### asyncloader images/s against cpu_threads\n")
+    for threads, value in threads_medians.items():
+        print(f"- cpu_threads={threads}: {value:,.0f} images/s")
+
     items = [np.random.default_rng(i).random((224, 224, 3), dtype=np.float32) for i in range(64)]
     chw = [ToCHW()(0, item) for item in items]
 
@@ -184,6 +212,8 @@ def main() -> None:
             "medians": medians,
             "limit": limit,
             **ratios,
+            "images_per_s_by_cpu_threads": threads_figures,
+            "medians_by_cpu_threads": threads_medians,
             "collate_ms": collation,
             "collate_medians_ms": collation_medians,
         },

@@ -2,6 +2,8 @@
 
 - ``http_in_flight.png``: items/s against requests in flight (HttpDataset, bare aiohttp, the
   in-flight / latency limit), from ``datasets-http.json`` or ``datasets.json``.
+- ``cpu_threads.png``: images/s of the augmentation chain against ``cpu_threads``, from
+  ``images.json``.
 - ``memory_over_time.png``: total RSS of all processes over a run of the image workload, for
   asyncloader, torch DataLoader and SPDL, from ``peers.json``.
 
@@ -85,6 +87,32 @@ def memory_over_time() -> Path | None:
     return _save(figure, "memory_over_time.png")
 
 
+def cpu_threads() -> Path | None:
+    """Images/s of the augmentation chain against the CPU pool's threads."""
+    results = _load("images")
+    if results is None or "medians_by_cpu_threads" not in results:
+        return None
+    medians = results["medians_by_cpu_threads"]
+    threads = sorted(medians, key=int)
+    one_core = results["medians"]["the chain on one core"]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot(
+        [int(t) for t in threads], [medians[t] for t in threads], marker="o", label="asyncloader"
+    )
+    axes.plot(
+        [int(t) for t in threads],
+        [one_core * min(int(t), 2) for t in threads],
+        linestyle="--",
+        label="limit: one core's rate x min(threads, 2 cores)",
+    )
+    axes.set_xlabel("cpu_threads")
+    axes.set_ylabel("images/s")
+    axes.set_title("JPEG decode + augment, 2 cores")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    return _save(figure, "cpu_threads.png")
+
+
 def _save(figure: Any, name: str) -> Path:
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / name
@@ -95,7 +123,7 @@ def _save(figure: Any, name: str) -> Path:
 
 
 def main() -> None:
-    for draw in (http_in_flight, memory_over_time):
+    for draw in (http_in_flight, memory_over_time, cpu_threads):
         path = draw()
         print(f"{draw.__name__}: {path if path else 'no results yet'}")
 
