@@ -62,12 +62,14 @@ def http_in_flight() -> Path | None:
         axes.plot(
             points, values, marker="o", label=label, linestyle="--" if "limit" in label else "-"
         )
-    axes.set_xlabel("requests in flight")
-    axes.set_ylabel("items/s")
-    axes.set_title("16 KiB items behind 20 ms, 2 cores")
-    axes.legend()
-    axes.grid(alpha=0.3)
-    return _save(figure, "http_in_flight.png")
+    return _save(
+        figure,
+        axes,
+        "http_in_flight.png",
+        title="16 KiB items behind 20 ms, 2 cores",
+        x="requests in flight",
+        y="items/s",
+    )
 
 
 def memory_over_time() -> Path | None:
@@ -79,12 +81,14 @@ def memory_over_time() -> Path | None:
     for system, runs in results["images"]["runs"].items():
         timeline = runs[0]["timeline"]
         axes.plot([t for t, _ in timeline], [rss for _, rss in timeline], label=system)
-    axes.set_xlabel("seconds since the process started")
-    axes.set_ylabel("RSS of all processes (MiB)")
-    axes.set_title("2,000 JPEGs, decode + augment, 2 threads / 2 workers")
-    axes.legend()
-    axes.grid(alpha=0.3)
-    return _save(figure, "memory_over_time.png")
+    return _save(
+        figure,
+        axes,
+        "memory_over_time.png",
+        title="2,000 JPEGs, decode + augment, 2 threads / 2 workers",
+        x="seconds since the process started",
+        y="RSS of all processes (MiB)",
+    )
 
 
 def cpu_threads() -> Path | None:
@@ -105,15 +109,23 @@ def cpu_threads() -> Path | None:
         linestyle="--",
         label="limit: one core's rate x min(threads, 2 cores)",
     )
-    axes.set_xlabel("cpu_threads")
-    axes.set_ylabel("images/s")
-    axes.set_title("JPEG decode + augment, 2 cores")
+    return _save(
+        figure,
+        axes,
+        "cpu_threads.png",
+        title="JPEG decode + augment, 2 cores",
+        x="cpu_threads",
+        y="images/s",
+    )
+
+
+def _save(figure: Any, axes: Any, name: str, *, title: str, x: str, y: str) -> Path:
+    """Label, write and close one plot."""
+    axes.set_xlabel(x)
+    axes.set_ylabel(y)
+    axes.set_title(title)
     axes.legend()
     axes.grid(alpha=0.3)
-    return _save(figure, "cpu_threads.png")
-
-
-def _save(figure: Any, name: str) -> Path:
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / name
     figure.tight_layout()

@@ -30,7 +30,6 @@ class _Pool:
         self._count = 0
         self._lock = threading.Lock()
         self.reused = 0
-        self.allocated = 0
 
     def take(self, nbytes: int) -> np.ndarray[Any, Any]:
         with self._lock:
@@ -39,7 +38,6 @@ class _Pool:
                 self._count -= 1
                 self.reused += 1
                 return free.pop()
-            self.allocated += 1
         return np.empty(nbytes, dtype=np.uint8)
 
     def give_back(self, memory: np.ndarray[Any, Any]) -> None:
