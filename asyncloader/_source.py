@@ -8,7 +8,7 @@ lacking ``__len__`` or ``__getitem__``, is refused when the loader is built.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._pool import ThreadPool
@@ -101,6 +101,11 @@ class Source:
         self.io = io
         self.fetches_whole_batches = io is not None or hasattr(dataset, "__getitems__")
         """Whether one call fetches a batch (so ``item_concurrency == 1`` makes one call)."""
+        self.get: Callable[[int], Awaitable[Any]] = (
+            # An async dataset's own method: no coroutine of ours around each item.
+            dataset.__getitem__ if io is None else self._get_on_pool
+        )
+        """One item."""
 
     async def get_batch(self, indices: Sequence[int]) -> list[Any]:
         """All the items of a batch, in one call (requires :attr:`fetches_whole_batches`)."""
@@ -110,8 +115,6 @@ class Source:
         check_count(items, indices)
         return items
 
-    async def get(self, index: int) -> Any:
-        """One item."""
-        if self.io is not None:
-            return await self.io.run(fetch_item, self.dataset, index)
-        return await self.dataset.__getitem__(index)
+    async def _get_on_pool(self, index: int) -> Any:
+        assert self.io is not None
+        return await self.io.run(fetch_item, self.dataset, index)

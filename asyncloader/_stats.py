@@ -177,7 +177,11 @@ class LoaderStats:
 
 
 def _is_bytes_like(item: object) -> bool:
-    return isinstance(item, bytes | bytearray | memoryview) or type(item).__name__ == "Bytes"
+    # obstore's Bytes is matched by name, so that obstore need not be imported.
+    return isinstance(item, _BYTES_LIKE) or type(item).__name__ == "Bytes"
+
+
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview)
 
 
 def fetched_bytes(items: list[Any]) -> int:
@@ -232,6 +236,18 @@ class Recorder:
             if items is not None:
                 self.items += len(items)
                 self.bytes += size
+
+    def item_done(self, started: float, item: Any) -> None:
+        """One item's call begun at ``started`` returned ``item``: :meth:`fetch_done` for
+        one item, without building a list (it runs once per item on the loop thread)."""
+        elapsed = time.perf_counter() - started
+        size = len(item) if _is_bytes_like(item) else 0
+        with self._lock:
+            self.in_flight -= 1
+            self.items_in_flight -= 1
+            self.fetch.add(elapsed)
+            self.items += 1
+            self.bytes += size
 
     def record_direct_batch(
         self,
