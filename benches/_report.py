@@ -1,0 +1,340 @@
+"""The suite's report: ratios, goals, Markdown tables, plots, and docs/performance.md.
+
+Every ratio is between medians of the same suite run (the systems took turns run by run).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MARK_START = "<!-- suite:start (written by benches/suite.py) -->"
+MARK_END = "<!-- suite:end -->"
+
+Goal = tuple[str, float | None, str, Callable[[float], bool]]
+"""(what, figure, the goal in words, whether the figure meets it)."""
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1000:,.0f} ms"
+
+
+def _table(
+    rows: dict[str, Any], names: list[str], unit: str, extra: dict[str, dict[str, str]]
+) -> str:
+    columns = sorted({column for notes in extra.values() for column in notes})
+    head = f"| system | {unit} | " + " | ".join(columns) + " | first batch | peak RSS (PSS) |"
+    lines = [head, "|---|---:|" + "---:|" * len(columns) + "---:|---:|"]
+    for name in names:
+        if name not in rows:
+            continue
+        row = rows[name]
+        cells = [extra.get(name, {}).get(column, "") for column in columns]
+        lines.append(
+            f"| {name} | {row['per_s']:,.0f} | "
+            + " | ".join(cells)
+            + f" | {_ms(row['first_batch_s'])} | "
+            f"{row['peak_rss_mib']:,.0f} ({row['peak_pss_mib']:,.0f}) MiB |"
+        )
+    return "\n".join(lines)
+
+
+def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
+    """The Markdown of each workload, and the goals with their figures."""
+    out: list[str] = []
+    goals: list[Goal] = []
+    work = results["workloads"]
+    repeats = results["repeats"]
+
+    def per_s(key: str, name: str) -> float | None:
+        row = work.get(key, {}).get(name)
+        return None if row is None else row["per_s"]
+
+    def first(key: str, name: str) -> float | None:
+        row = work.get(key, {}).get(name)
+        return None if row is None else row["first_batch_s"]
+
+    if "a" in work:
+        rows = work["a"]
+        limit = per_s("a", "plain loop")
+        extra = {name: {"of the limit": _fmt(_ratio(rows[name]["per_s"], limit))} for name in rows}
+        direct = _ratio(per_s("a", "asyncloader direct"), per_s("a", "torch num_workers=0"))
+        workers = _ratio(per_s("a", "asyncloader num_workers=2"), per_s("a", "torch num_workers=2"))
+        extra["asyncloader direct"]["vs peer"] = f"**{_fmt(direct)}×** torch nw=0"
+        extra["asyncloader num_workers=2"]["vs peer"] = f"**{_fmt(workers)}×** torch nw=2"
+        spdl = _ratio(per_s("a", "asyncloader direct"), per_s("a", "spdl"))
+        extra["spdl"]["vs peer"] = f"direct path {_fmt(spdl, 1)}× it"
+        out.append(
+            "### (a) Tiny in-memory items: the loader's own overhead\n\n"
+            "200,000 items of 16 float32, batch 64, stacked into one array. Limit: the same "
+            "fetch and stack in a plain loop.\n\n" + _table(rows, list(rows), "items/s", extra)
+        )
+        goals.append(("(a) direct path ÷ torch num_workers=0", direct, "≥ 2", lambda v: v >= 2))
+        goals.append(("(a) num_workers=2 ÷ torch num_workers=2", workers, "≥ 2", lambda v: v >= 2))
+    if "b" in work:
+        rows = work["b"]
+        extra = {}
+        for name in rows:
+            if "@" in name:
+                in_flight = int(name.rsplit("@", 1)[1])
+                limit = in_flight / 0.020
+                notes = {"of the limit": _fmt(rows[name]["per_s"] / limit)}
+                bare = per_s("b", f"bare aiohttp @{in_flight}")
+                if name.startswith("asyncloader"):
+                    spdl = per_s("b", f"spdl @{in_flight}")
+                    notes["vs peer"] = (
+                        f"{_fmt(_ratio(rows[name]['per_s'], bare))} of bare, "
+                        f"{_fmt(_ratio(rows[name]['per_s'], spdl))}× SPDL"
+                    )
+                extra[name] = notes
+        ours_64 = per_s("b", "asyncloader @64")
+        torch_name = "torch num_workers=8"
+        extra[torch_name] = {
+            "of the limit": "8 in flight",
+            "vs peer": f"asyncloader @64 {_fmt(_ratio(ours_64, per_s('b', torch_name)), 1)}× it",
+        }
+        out.append(
+            "### (b) 16 KiB items behind 20 ms of latency\n\n"
+            "A lean HTTP/1.1 server on loopback in its own process (`benches/_server.py`). "
+            "asyncloader: `HttpDataset`, `item_concurrency=16`, `num_workers=in-flight/16`, "
+            "batch 64. Limit: in-flight ÷ 20 ms. SPDL: an async aiohttp GET stage with the same "
+            "concurrency. torch: 8 worker processes, one keep-alive connection each.\n\n"
+            + _table(rows, list(rows), "items/s", extra)
+        )
+        goals.append(
+            (
+                "(b) asyncloader @64 ÷ limit",
+                _ratio(ours_64, 64 / 0.020),
+                "≥ 0.95",
+                lambda v: v >= 0.95,
+            )
+        )
+        goals.append(
+            (
+                "(b) asyncloader @256 ÷ bare aiohttp @256",
+                _ratio(per_s("b", "asyncloader @256"), per_s("b", "bare aiohttp @256")),
+                "≥ 0.9",
+                lambda v: v >= 0.9,
+            )
+        )
+        goals.append(
+            (
+                "(f) first batch, HTTP: asyncloader @64 ÷ torch num_workers=8",
+                _ratio(first("b", "asyncloader @64"), first("b", torch_name)),
+                "≤ 0.1",
+                lambda v: v <= 0.1,
+            )
+        )
+    if "c" in work:
+        rows = work["c"]
+        single = per_s("c", "plain loop")
+        extra = {}
+        for name in rows:
+            if "x" in name and name != "plain loop":
+                threads = int(name.rsplit("x", 1)[1])
+                limit = None if single is None else min(threads, 2) * single
+                extra[name] = {"of the limit": _fmt(_ratio(rows[name]["per_s"], limit))}
+                if name.startswith("asyncloader"):
+                    ours_t = rows[name]["per_s"]
+                    extra[name]["vs peer"] = (
+                        f"{_fmt(_ratio(ours_t, per_s('c', f'torch x{threads}')))}× torch, "
+                        f"{_fmt(_ratio(ours_t, per_s('c', f'spdl x{threads}')))}× SPDL"
+                    )
+        out.append(
+            "### (c) JPEG decode and augmentation\n\n"
+            "2,000 JPEGs of 320×240: Decode → RandomResizedCrop(224) → RandomHorizontalFlip → "
+            "ToFloat → Normalize → ToCHW, batch 64. `xN`: N CPU threads (asyncloader "
+            "`cpu_threads`, SPDL `num_threads` and stage concurrency) or N worker processes "
+            "(torch, each item a tensor, its default collation into shared memory). Limit: "
+            "min(N, 2 cores) × the chain's rate in a plain loop on one core.\n\n"
+            + _table(rows, list(rows), "images/s", extra)
+        )
+        ours, theirs = work["c"].get("asyncloader x2"), work["c"].get("torch x2")
+        goals.append(
+            (
+                "(c) asyncloader x2 ÷ limit",
+                _ratio(per_s("c", "asyncloader x2"), None if single is None else 2 * single),
+                "≥ 0.85",
+                lambda v: v >= 0.85,
+            )
+        )
+        goals.append(
+            (
+                "(c) asyncloader x2 ÷ torch num_workers=2",
+                _ratio(per_s("c", "asyncloader x2"), per_s("c", "torch x2")),
+                "≥ 1.3",
+                lambda v: v >= 1.3,
+            )
+        )
+        goals.append(
+            (
+                "(f) first batch, images: asyncloader x2 ÷ torch num_workers=2",
+                _ratio(first("c", "asyncloader x2"), first("c", "torch x2")),
+                "≤ 0.1",
+                lambda v: v <= 0.1,
+            )
+        )
+        if ours and theirs:
+            goals.append(
+                (
+                    "(g) peak RSS of all processes, images: asyncloader x2 ÷ torch num_workers=2",
+                    ours["peak_rss_mib"] / theirs["peak_rss_mib"],
+                    "≤ 0.5",
+                    lambda v: v <= 0.5,
+                )
+            )
+            goals.append(
+                (
+                    "(g) the same in PSS (pages shared after fork counted once)",
+                    ours["peak_pss_mib"] / theirs["peak_pss_mib"],
+                    "≤ 0.5",
+                    lambda v: v <= 0.5,
+                )
+            )
+    if "d" in work:
+        rows = work["d"]
+        alone = per_s("d", "obstore alone")
+        extra = {name: {"of the limit": _fmt(_ratio(rows[name]["per_s"], alone))} for name in rows}
+        out.append(
+            "### (d) S3 on moto, 16 KiB objects, 64 in flight\n\n"
+            "moto's S3 server in its own process, 1,024 objects. asyncloader: "
+            "`ObjectStoreDataset`, `num_workers=4`, `item_concurrency=16`. Limit: obstore's "
+            "`get_async` called directly by 64 coroutines. SPDL: an async obstore stage, "
+            "concurrency 64. torch: 8 workers, obstore's blocking `get`.\n\n"
+            + _table(rows, list(rows), "objects/s", extra)
+        )
+        goals.append(
+            (
+                "(d) asyncloader ÷ obstore alone",
+                _ratio(per_s("d", "asyncloader"), alone),
+                "≥ 0.95",
+                lambda v: v >= 0.95,
+            )
+        )
+    if "e" in work:
+        rows = work["e"]
+        plain = per_s("e", "plain loop")
+        extra = {name: {"of the limit": _fmt(_ratio(rows[name]["per_s"], plain))} for name in rows}
+        extra["asyncloader"]["vs peer"] = (
+            f"{_fmt(_ratio(per_s('e', 'asyncloader'), per_s('e', 'plain loop, batches held')))}× "
+            "the held loop"
+        )
+        out.append(
+            "### (e) Large files: 64 × 4 MiB, page cache warm\n\n"
+            "asyncloader: `FileDataset`, batch 16, `num_workers=2`, `item_concurrency=4`. "
+            "Limit: a plain read loop on one thread that drops each file at once; "
+            '"batches held" keeps each batch of 16 alive until the next, as a training step '
+            "does. SPDL: a read stage with concurrency 4; torch: 2 worker processes.\n\n"
+            + _table(rows, list(rows), "MiB/s", extra)
+        )
+        goals.append(
+            (
+                "(e) asyncloader ÷ plain read loop",
+                _ratio(per_s("e", "asyncloader"), plain),
+                "≥ 0.9",
+                lambda v: v >= 0.9,
+            )
+        )
+    out.insert(0, f"Medians of {repeats} runs per system, each a fresh process.")
+    return out, goals
+
+
+def goals_table(goals: list[Goal]) -> str:
+    lines = ["| goal | figure | target | met |", "|---|---:|---:|:---:|"]
+    for what, value, target, check in goals:
+        met = "–" if value is None else ("yes" if check(value) else "**no**")
+        lines.append(f"| {what} | {_fmt(value)} | {target} | {met} |")
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], img: Path) -> list[str]:
+    """Throughput against requests in flight and against threads, memory over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    work = results["workloads"]
+    img.mkdir(parents=True, exist_ok=True)
+    if "b" in work:
+        figure, axes = plt.subplots(figsize=(6, 4))
+        points = sorted({int(n.rsplit("@", 1)[1]) for n in work["b"] if "@" in n})
+        for system in ("asyncloader", "bare aiohttp", "spdl"):
+            values = [work["b"][f"{system} @{k}"]["per_s"] for k in points]
+            axes.plot(points, values, marker="o", label=system)
+        axes.plot(points, [k / 0.020 for k in points], "k--", label="limit (in flight ÷ 20 ms)")
+        axes.set(xlabel="requests in flight", ylabel="items/s", title="16 KiB items behind 20 ms")
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(img / "http_in_flight.png", dpi=100)
+        plt.close(figure)
+        made.append("![items/s against requests in flight](img/http_in_flight.png)")
+    if "c" in work:
+        figure, axes = plt.subplots(figsize=(6, 4))
+        threads = sorted({int(n.rsplit("x", 1)[1]) for n in work["c"] if " x" in n})
+        for system in ("asyncloader", "torch", "spdl"):
+            values = [work["c"][f"{system} x{t}"]["per_s"] for t in threads]
+            axes.plot(threads, values, marker="o", label=system)
+        single = work["c"]["plain loop"]["per_s"]
+        axes.plot(threads, [min(t, 2) * single for t in threads], "k--", label="limit")
+        axes.set(
+            xlabel="CPU threads (torch: worker processes)",
+            ylabel="images/s",
+            title="JPEG decode + augment on 2 cores",
+            xticks=threads,
+        )
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(img / "cpu_threads.png", dpi=100)
+        plt.close(figure)
+        made.append("![images/s against CPU threads](img/cpu_threads.png)")
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for system in ("asyncloader", "torch", "spdl"):
+            timeline = work["c"][f"{system} x2"]["runs"][-1]["timeline"]
+            axes.plot([t for t, _ in timeline], [m for _, m in timeline], label=system)
+        axes.set(
+            xlabel="seconds since the process started",
+            ylabel="RSS of all processes, MiB",
+            title="Memory over a run: images, 2 threads / workers",
+        )
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(img / "memory_over_time.png", dpi=100)
+        plt.close(figure)
+        made.append("![RSS of all processes over a run](img/memory_over_time.png)")
+    return made
+
+
+def write_report(results: dict[str, Any], markdown: Path, docs: Path) -> None:
+    """``benches/results/suite.md``, the plots, and the generated part of performance.md."""
+    parts, goals = sections(results)
+    images = plots(results, docs / "img")
+    text = (
+        "## The suite: goals\n\n"
+        + goals_table(goals)
+        + "\n\n## The suite: workloads\n\n"
+        + "\n\n".join(parts)
+        + "\n\n"
+        + "\n\n".join(images)
+        + "\n"
+    )
+    markdown.write_text(text.replace("](img/", "](../../docs/img/"))
+    performance = docs / "performance.md"
+    current = performance.read_text()
+    block = f"{MARK_START}\n\n{text}\n{MARK_END}"
+    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
+    if pattern.search(current):
+        performance.write_text(pattern.sub(lambda _: block, current))
+    else:
+        performance.write_text(current.rstrip() + "\n\n" + block + "\n")

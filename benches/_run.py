@@ -1,0 +1,370 @@
+"""One run of one system on one workload, in a fresh process: ``python _run.py SPEC_JSON``.
+
+Prints one JSON line: items (or bytes) per second, the seconds to the first batch (from just
+before the loader is built, so torch's worker start-up counts) and the item count. Every
+system imports torch first, as a training process does, so that peak memory compares loaders,
+not imports. The suite (``suite.py``) samples this process's memory from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncloader import (
+    DataLoader,
+    FileDataset,
+    HttpDataset,
+    ImageCollator,
+    ObjectStoreDataset,
+    Template,
+    default_collate,
+)
+
+from bench_images import Jpegs, TorchJpegs, chain
+
+Spec = dict[str, Any]
+
+
+class Clock:
+    """Counts what a system yields: the time to its first batch, and its steady rate.
+
+    The rate is counted from the first batch to the last, so that a fresh process's start-up
+    (imports, threads, connections) shows in the first batch's time, not in the rate. A
+    system without batches (the bare loops) counts its first 64 items as its first batch.
+    """
+
+    def __init__(self, first_items: int = 1) -> None:
+        self.start = time.perf_counter()
+        self.first_items = first_items
+        self.first: float | None = None
+        self.at_first = 0
+        self.count = 0
+
+    def batch(self, size: int) -> None:
+        self.count += size
+        if self.first is None and self.count >= self.first_items:
+            self.first = time.perf_counter() - self.start
+            self.at_first = self.count
+
+    def drain(self, batches: Iterable[Any], size: Callable[[Any], int] = len) -> None:
+        for batch in batches:
+            self.batch(size(batch))
+
+    def result(self, unit: float = 1.0) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.start
+        steady = elapsed - (self.first or 0.0)
+        counted = self.count - self.at_first
+        return {
+            "per_s": counted / unit / steady if counted and steady > 0 else 0.0,
+            "first_batch_s": self.first,
+            "count": self.count,
+        }
+
+
+def as_list(items: list[Any]) -> list[Any]:
+    """The identity collation (SPDL takes a bare ``list`` for a container to index)."""
+    return list(items)
+
+
+def spdl_iterate(
+    source: Iterable[Any],
+    op: Any,
+    concurrency: int,
+    batch: int,
+    threads: int,
+    collate: Callable[[list[Any]], Any],
+) -> Iterator[Any]:
+    """SPDL's pipeline: ``op`` on ``concurrency`` (threads, or coroutines for an async op),
+    input order kept, batches of ``batch`` collated on its thread pool."""
+    from spdl.pipeline import PipelineBuilder
+
+    pipeline: Any = (
+        PipelineBuilder()
+        .add_source(source)
+        .pipe(op, concurrency=concurrency, output_order="input")
+        .aggregate(batch)
+        .pipe(collate)
+        .add_sink(3)
+        .build(num_threads=threads)
+    )
+    with pipeline.auto_stop():
+        yield from pipeline.get_iterator(timeout=600)
+
+
+# (a) tiny in-memory items ---------------------------------------------------------------
+
+
+class Rows:
+    """200,000 rows of 16 float32, one row per item."""
+
+    def __init__(self, count: int) -> None:
+        self.rows = np.random.default_rng(0).random((count, 16), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.rows[index]
+
+
+def tiny(system: str, spec: Spec) -> dict[str, Any]:
+    data = Rows(spec["items"])
+    clock = Clock()
+    if system.startswith("asyncloader"):
+        workers = spec["num_workers"]
+        with DataLoader(data, batch_size=64, num_workers=workers, cpu_threads=2) as loader:
+            clock.drain(loader)
+    elif system.startswith("torch"):
+        dataset: Any = data
+        workers = spec["num_workers"]
+        clock.drain(torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=workers))
+    elif system == "spdl":
+        clock.drain(spdl_iterate(range(len(data)), data.__getitem__, 2, 64, 2, default_collate))
+    else:  # the limit: the same fetch and stack in a plain loop
+        for start in range(0, len(data), 64):
+            clock.batch(len(np.stack([data[i] for i in range(start, min(start + 64, len(data)))])))
+    return clock.result()
+
+
+# (b) HTTP, 16 KiB behind 20 ms ----------------------------------------------------------
+
+
+def http(system: str, spec: Spec) -> dict[str, Any]:
+    url, items, in_flight = spec["url"], spec["items"], spec["in_flight"]
+    clock = Clock()
+    if system == "asyncloader":
+        workers = max(1, in_flight // 16)  # item_concurrency 16, as the settings guide says
+        data = HttpDataset(Template(url + "/samples/{index}"), length=items)
+        clock = Clock()  # from building the loader, the dataset made
+        with DataLoader(
+            data,
+            batch_size=64,
+            collate_fn=list,
+            num_workers=workers,
+            item_concurrency=in_flight // workers,
+        ) as loader:
+            clock.drain(loader)
+    elif system == "bare aiohttp":
+        from _bare import bare
+
+        clock = Clock(first_items=64)
+        asyncio.run(bare(url, items, in_flight, lambda: clock.batch(1)))
+    elif system == "spdl":
+        import logging
+
+        import aiohttp
+
+        # Its session dies with SPDL's event loop; asyncio would log it as unclosed.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+        session: list[aiohttp.ClientSession] = []
+
+        async def fetch(index: int) -> bytes:
+            if not session:  # made on SPDL's own event loop
+                session.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+            async with session[0].get(f"{url}/samples/{index}") as response:
+                return await response.read()
+
+        clock.drain(spdl_iterate(range(items), fetch, in_flight, 64, 2, as_list))
+    else:  # torch: blocking GETs, one keep-alive connection per worker process
+        from bench_datasets import _TorchHttp
+
+        clock.drain(
+            torch.utils.data.DataLoader(
+                _TorchHttp(url, items),  # type: ignore[arg-type,unused-ignore]
+                batch_size=64,
+                num_workers=spec["num_workers"],
+                collate_fn=list,
+            )
+        )
+    return clock.result()
+
+
+# (c) JPEG decode and augmentation ------------------------------------------------------
+
+
+def images(system: str, spec: Spec) -> dict[str, Any]:
+    with open(spec["jpegs"], "rb") as file:
+        jpegs: list[bytes] = pickle.load(file)
+    threads = spec["threads"]
+    torch.set_num_threads(1)
+    clock = Clock()
+    if system == "asyncloader":
+        with DataLoader(
+            Jpegs(jpegs),
+            batch_size=64,
+            transform=chain(),
+            collate_fn=ImageCollator(buffers=4),
+            num_workers=2,
+            item_concurrency=2,
+            cpu_threads=threads,
+        ) as loader:
+            clock.drain(loader)
+    elif system == "torch":
+        dataset: Any = TorchJpegs(jpegs)
+        clock.drain(torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=threads))
+    elif system == "spdl":
+        transform = chain()
+        clock.drain(
+            spdl_iterate(
+                range(len(jpegs)),
+                lambda i: transform(i, jpegs[i]),
+                threads,
+                64,
+                threads,
+                ImageCollator(buffers=4),
+            )
+        )
+    else:  # the limit's measure: the chain in a plain loop on one core
+        transform = chain()
+        collate = ImageCollator(buffers=4)
+        for start in range(0, len(jpegs), 64):
+            end = min(start + 64, len(jpegs))
+            clock.batch(len(collate([transform(i, jpegs[i]) for i in range(start, end)])))
+    return clock.result()
+
+
+# (d) S3 on moto --------------------------------------------------------------------------
+
+
+def s3(system: str, spec: Spec) -> dict[str, Any]:
+    import obstore
+
+    from asyncloader import Retry
+    from asyncloader.datasets._objectstore import open_store
+
+    keys: list[str] = spec["keys"]
+    options: dict[str, Any] = spec["options"]
+    clock = Clock()
+    if system == "asyncloader":
+        data = ObjectStoreDataset("s3://bench", keys, **options)
+        clock = Clock()
+        with DataLoader(
+            data, batch_size=64, collate_fn=list, num_workers=4, item_concurrency=16
+        ) as loader:
+            clock.drain(loader)
+    elif system == "obstore alone":
+        store = open_store("s3://bench", Retry(), None, options)
+        clock = Clock(first_items=64)
+
+        async def run() -> None:
+            names = iter(keys)
+
+            async def lane() -> None:
+                for key in names:
+                    await (await obstore.get_async(store, key)).bytes_async()
+                    clock.batch(1)
+
+            await asyncio.gather(*(lane() for _ in range(64)))
+
+        asyncio.run(run())
+    elif system == "spdl":
+        store = open_store("s3://bench", Retry(), None, options)
+
+        async def get(key: str) -> Any:
+            return await (await obstore.get_async(store, key)).bytes_async()
+
+        clock.drain(spdl_iterate(keys, get, 64, 64, 2, as_list))
+    else:  # torch: each worker process gets its objects with obstore's blocking calls
+        clock.drain(
+            torch.utils.data.DataLoader(
+                _TorchObjects(keys, options),  # type: ignore[arg-type,unused-ignore]
+                batch_size=64,
+                num_workers=spec["num_workers"],
+                collate_fn=list,
+            )
+        )
+    return clock.result()
+
+
+class _TorchObjects:
+    def __init__(self, keys: list[str], options: dict[str, Any]) -> None:
+        self.keys, self.options = keys, options
+        self.store: Any = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, index: int) -> Any:
+        import obstore
+
+        from asyncloader import Retry
+        from asyncloader.datasets._objectstore import open_store
+
+        if self.store is None:  # one store per worker process, made there
+            self.store = open_store("s3://bench", Retry(), None, self.options)
+        return obstore.get(self.store, self.keys[index]).bytes()
+
+
+# (e) large local files ---------------------------------------------------------------------
+
+
+def files(system: str, spec: Spec) -> dict[str, Any]:
+    folder: str = spec["folder"]
+    names = sorted(os.listdir(folder))
+    clock = Clock()
+
+    def read(name: str) -> bytes:
+        with open(os.path.join(folder, name), "rb", buffering=0) as file:
+            return file.read()
+
+    def size(batch: list[bytes]) -> int:
+        return sum(len(item) for item in batch)
+
+    if system == "asyncloader":
+        data = FileDataset(names, root=folder)
+        clock = Clock()
+        with DataLoader(
+            data, batch_size=16, collate_fn=list, num_workers=2, item_concurrency=4
+        ) as loader:
+            clock.drain(loader, size)
+    elif system == "torch":
+        clock.drain(
+            torch.utils.data.DataLoader(
+                FileDataset(names, root=folder),  # type: ignore[arg-type,unused-ignore]
+                batch_size=16,
+                num_workers=spec["num_workers"],
+                collate_fn=list,
+            ),
+            size,
+        )
+    elif system == "spdl":
+        clock.drain(spdl_iterate(names, read, 4, 16, 4, as_list), size)
+    elif system == "plain loop, batches held":
+        for start in range(0, len(names), 16):
+            clock.batch(size([read(name) for name in names[start : start + 16]]))
+    else:  # the limit: a plain read loop, each file dropped at once
+        for name in names:
+            clock.batch(len(read(name)))
+    return clock.result(unit=2**20)
+
+
+WORKLOADS: dict[str, Callable[[str, Spec], dict[str, Any]]] = {
+    "tiny": tiny,
+    "http": http,
+    "images": images,
+    "s3": s3,
+    "files": files,
+}
+
+
+def main() -> None:
+    spec: Spec = json.loads(sys.argv[1])
+    figures = WORKLOADS[spec["workload"]](spec["system"], spec)
+    print(json.dumps(figures), flush=True)
+    # obstore can abort an interpreter that finalizes with a store alive: leave at once.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

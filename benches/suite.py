@@ -1,0 +1,307 @@
+"""The benchmark suite (``make bench``): asyncloader against torch DataLoader and SPDL.
+
+Workloads (issue 8): (a) tiny in-memory items, batch 64 (the loader's own overhead);
+(b) 16 KiB items behind 20 ms from a local server, 16 to 256 requests in flight (limit:
+in-flight / latency; at 256 the two cores are the limit, so a bare asyncio + aiohttp loop
+measured in the same run is the reference); (c) JPEG decode + augmentation on 1, 2 and 4
+threads (limit: threads x the single-core rate of the chain in a plain loop, at most 2
+cores); (d) S3 on moto, 16 KiB objects (limit: obstore called directly); (e) 4 MiB files
+(limit: a plain read loop); (f) the time to the first batch and (g) the peak memory of all
+processes, of every run.
+
+Every run is a fresh process (``_run.py``), so start-up, first batch and memory are its own;
+the systems take turns run by run, and each figure is the median of ``--repeats`` runs, quoted
+as a ratio to a peer and a fraction of the limit measured in the same suite run. Writes
+``benches/results/suite.json``, ``benches/results/suite.md``, the plots in ``docs/img/`` and
+the generated part of ``docs/performance.md``.
+
+Run: ``make bench``, or ``.venv/bin/python benches/suite.py [--repeats R] [--only a,b,...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, save
+from _server import lean_server
+
+HERE = Path(__file__).parent
+DOCS = HERE.parent / "docs"
+LATENCY_S = 0.020
+IN_FLIGHT = (16, 64, 128, 256)
+THREADS = (1, 2, 4)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# Memory of a process tree -----------------------------------------------------------------
+
+
+def _tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def _rss(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                total += int(statm.read().split()[1]) * PAGE
+        except OSError:
+            pass
+    return total
+
+
+def _pss(pids: list[int]) -> int:
+    """Proportional set size: pages shared between processes (fork) counted once."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as rollup:
+                for line in rollup:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run in a fresh process; its figures, peak memory and memory over time."""
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "_run.py"), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    timeline: list[tuple[float, float]] = []
+    peaks = {"rss": 0, "pss": 0}
+    started = time.perf_counter()
+
+    def sample() -> None:
+        ticks = 0
+        while process.poll() is None:
+            pids = _tree(process.pid)
+            rss = _rss(pids)
+            peaks["rss"] = max(peaks["rss"], rss)
+            if ticks % 10 == 0:  # PSS costs the kernel a page-table walk: every 100 ms
+                peaks["pss"] = max(peaks["pss"], _pss(pids))
+                timeline.append((round(time.perf_counter() - started, 2), round(rss / 2**20)))
+            ticks += 1
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    out, _ = process.communicate(timeout=600)
+    sampler.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"{spec['workload']}/{spec['system']} failed")
+    figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    figures["peak_rss_mib"] = peaks["rss"] / 2**20
+    figures["peak_pss_mib"] = peaks["pss"] / 2**20
+    figures["timeline"] = timeline
+    return figures
+
+
+# Inputs each workload needs ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def moto_bucket(count: int, size: int) -> Iterator[dict[str, Any]]:
+    """moto's S3 server in a process of its own, with ``count`` objects of ``size`` bytes."""
+    import boto3
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket="bench")
+        blob = os.urandom(size)
+        keys = [f"o/{i:05d}" for i in range(count)]
+        for key in keys:
+            client.put_object(Bucket="bench", Key=key, Body=blob)
+        client.close()
+        yield {
+            "keys": keys,
+            "options": {
+                "endpoint": endpoint,
+                "allow_http": True,
+                "access_key_id": "testing",
+                "secret_access_key": "testing",
+                "region": "us-east-1",
+            },
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each workload's runs (one of each system and setting per repeat), inputs made."""
+    workloads: list[tuple[str, list[dict[str, Any]]]] = []
+    if "a" in only:
+        base = {"workload": "tiny", "items": 200_000}
+        workloads.append(
+            (
+                "a",
+                [
+                    {**base, "system": "asyncloader direct", "num_workers": 0},
+                    {**base, "system": "asyncloader num_workers=2", "num_workers": 2},
+                    {**base, "system": "torch num_workers=0", "num_workers": 0},
+                    {**base, "system": "torch num_workers=2", "num_workers": 2},
+                    # SPDL takes 50 s for 200,000 items here: 20,000 show its rate.
+                    {**base, "system": "spdl", "items": 20_000},
+                    {**base, "system": "plain loop"},
+                ],
+            )
+        )
+    if "b" in only:
+        url = stack.enter_context(lean_server(LATENCY_S, 16 * 1024))
+        runs = []
+        for in_flight in IN_FLIGHT:
+            items = int(in_flight / LATENCY_S * 3)  # 3 s at the limit
+            base = {"workload": "http", "url": url, "items": items, "in_flight": in_flight}
+            runs += [{**base, "system": s} for s in ("asyncloader", "bare aiohttp", "spdl")]
+        # torch: 8 worker processes, one blocking request each: 8 in flight.
+        torch_base = {"workload": "http", "url": url, "items": 640, "in_flight": 8}
+        runs.append({**torch_base, "system": "torch", "num_workers": 8})
+        workloads.append(("b", runs))
+    if "c" in only:
+        from bench_images import make_jpegs
+
+        jpegs = os.path.join(folder, "jpegs.pickle")
+        with open(jpegs, "wb") as file:
+            pickle.dump(make_jpegs(2000), file)
+        runs = [{"workload": "images", "jpegs": jpegs, "system": "plain loop", "threads": 1}]
+        for threads in THREADS:
+            base = {"workload": "images", "jpegs": jpegs, "threads": threads}
+            runs += [{**base, "system": s} for s in ("asyncloader", "torch", "spdl")]
+        workloads.append(("c", runs))
+    if "d" in only:
+        bucket = stack.enter_context(moto_bucket(1024, 16 * 1024))
+        base = {"workload": "s3", **bucket}
+        systems = ("asyncloader", "obstore alone", "spdl")
+        runs = [{**base, "system": s} for s in systems]
+        runs.append({**base, "system": "torch", "num_workers": 8})
+        workloads.append(("d", runs))
+    if "e" in only:
+        files = os.path.join(folder, "files")
+        os.mkdir(files)
+        for i in range(64):
+            with open(os.path.join(files, f"{i:03d}.bin"), "wb") as file:
+                file.write(os.urandom(4 * 2**20))
+        base = {"workload": "files", "folder": files}
+        readers = ("asyncloader", "plain loop", "plain loop, batches held", "spdl")
+        runs = [{**base, "system": s} for s in readers]
+        runs.append({**base, "system": "torch", "num_workers": 2})
+        workloads.append(("e", runs))
+    return workloads
+
+
+def label(spec: dict[str, Any]) -> str:
+    """A run's system and setting, as tables show it."""
+    if spec["workload"] == "http" and spec["system"] != "torch":
+        return f"{spec['system']} @{spec['in_flight']}"
+    if spec["workload"] == "images" and spec["system"] != "plain loop":
+        return f"{spec['system']} x{spec['threads']}"
+    if spec["system"] == "torch" and "num_workers" in spec:
+        return f"torch num_workers={spec['num_workers']}"
+    return str(spec["system"])
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="a,b,c,d,e", help="workloads, e.g. a,c")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    results: dict[str, Any] = {"repeats": args.repeats, "workloads": {}}
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        for key, specs in plan(only, folder, stack):
+            started = time.perf_counter()
+            runs: dict[str, list[dict[str, Any]]] = {label(s): [] for s in specs}
+            for repeat in range(args.repeats):
+                for spec in specs:
+                    figures = run(spec)
+                    runs[label(spec)].append(figures)
+                    print(
+                        f"({key}) {label(spec)}: {figures['per_s']:,.0f}/s, "
+                        f"peak {figures['peak_rss_mib']:.0f} MiB [{repeat + 1}/{args.repeats}]",
+                        flush=True,
+                    )
+            results["workloads"][key] = {
+                name: {
+                    "per_s": median_of(r, "per_s"),
+                    "first_batch_s": median_of(r, "first_batch_s"),
+                    "peak_rss_mib": median_of(r, "peak_rss_mib"),
+                    "peak_pss_mib": median_of(r, "peak_pss_mib"),
+                    "runs": r,
+                }
+                for name, r in runs.items()
+            }
+            print(f"({key}: {time.perf_counter() - started:.0f} s)", flush=True)
+    from _report import write_report
+
+    path = save("suite", results)
+    write_report(results, RESULTS / "suite.md", DOCS)
+    print(f"\nresults: {path}, {RESULTS / 'suite.md'}, docs/performance.md, docs/img/")
+
+
+if __name__ == "__main__":
+    main()
