@@ -6,10 +6,11 @@ oldest task, takes a prefetch permit, and only then forgets the task and hands i
 a finished batch that waits for a permit still counts as one of the running tasks, so no batch
 is ever started further than ``batch_tasks + prefetch_depth`` past the consumer.
 
-A batch task fetches its items (one ``get_batch`` call, or ``item_concurrency`` lanes that each
-fetch an item, transform it on the CPU pool as soon as it arrives, and take the next), then
-collates on the CPU pool. Failures become :class:`Failure` values; cancellation cancels every
-task and waits for them, so requests in flight are cancelled, not completed. Under
+A batch task fetches its items (one ``get_batch`` call, or the ``item_concurrency`` lanes of its
+slot, which live for the epoch: each fetches an item, transforms it on the CPU pool as soon as
+it arrives, and takes the next), then collates on the CPU pool. Failures become
+:class:`Failure` values; cancellation cancels every task and waits for them, so requests in
+flight are cancelled, not completed. Under
 ``errors="skip"`` a failing item is dropped from its batch instead (see :mod:`._skip`).
 """
 
