@@ -70,6 +70,13 @@ def serve_samples(latency_s: float, floats: int = SAMPLE_FLOATS) -> Iterator[str
     """Run a sample server in a process of its own (so it takes no CPU from the loader's
     interpreter, as a real remote server would not); yield its base URL."""
     code = f"from asyncloader._demo import serve_forever; serve_forever({latency_s!r}, {floats})"
+    with serve_in_process(code) as url:
+        yield url
+
+
+@contextmanager
+def serve_in_process(code: str) -> Iterator[str]:
+    """Run ``python -c code``, a server that prints its port first; yield its base URL."""
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

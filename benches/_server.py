@@ -11,13 +11,14 @@ connection alive.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import cast
 
 import numpy as np
+
+from asyncloader._demo import serve_in_process
 
 
 def body(index: int, size: int) -> bytes:
@@ -75,18 +76,8 @@ def serve_forever(latency_s: float, size: int) -> None:
 def lean_server(latency_s: float, size: int) -> Iterator[str]:
     """Run the server in a process of its own; yield its base URL."""
     code = (
-        f"import sys; sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r}); "
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
         f"from _server import serve_forever; serve_forever({latency_s!r}, {size})"
     )
-    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        port = server.stdout.readline().strip()
-        if not port.isdigit():
-            raise RuntimeError("the sample server did not start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        if server.stdout is not None:
-            server.stdout.close()
+    with serve_in_process(code) as url:
+        yield url
