@@ -227,26 +227,21 @@ class Recorder:
 
     def fetch_done(self, started: float, items: list[Any] | None, requested: int) -> None:
         """The call begun at ``started`` for ``requested`` items ended (``items``: its result)."""
-        elapsed = time.perf_counter() - started
         size = fetched_bytes(items) if items is not None else 0
-        with self._lock:
-            self.in_flight -= 1
-            self.items_in_flight -= requested
-            self.fetch.add(elapsed)
-            if items is not None:
-                self.items += len(items)
-                self.bytes += size
+        self._call_ended(started, requested, 0 if items is None else len(items), size)
 
     def item_done(self, started: float, item: Any) -> None:
         """One item's call begun at ``started`` returned ``item``: :meth:`fetch_done` for
         one item, without building a list (it runs once per item on the loop thread)."""
+        self._call_ended(started, 1, 1, len(item) if _is_bytes_like(item) else 0)
+
+    def _call_ended(self, started: float, requested: int, fetched: int, size: int) -> None:
         elapsed = time.perf_counter() - started
-        size = len(item) if _is_bytes_like(item) else 0
         with self._lock:
             self.in_flight -= 1
-            self.items_in_flight -= 1
+            self.items_in_flight -= requested
             self.fetch.add(elapsed)
-            self.items += 1
+            self.items += fetched
             self.bytes += size
 
     def record_direct_batch(
