@@ -15,7 +15,9 @@ import pickle
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from http.client import HTTPConnection
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -177,8 +179,6 @@ def http(system: str, spec: Spec) -> dict[str, Any]:
 
         clock.drain(spdl_iterate(range(items), fetch, in_flight, 64, 2, as_list))
     else:  # torch: blocking GETs, one keep-alive connection per worker process
-        from bench_datasets import _TorchHttp
-
         clock.drain(
             torch.utils.data.DataLoader(
                 _TorchHttp(url, items),  # type: ignore[arg-type,unused-ignore]
@@ -188,6 +188,24 @@ def http(system: str, spec: Spec) -> dict[str, Any]:
             )
         )
     return clock.result()
+
+
+class _TorchHttp:
+    """A map-style dataset that GETs each item over one keep-alive connection per worker."""
+
+    def __init__(self, url: str, length: int) -> None:
+        self.netloc = urlsplit(url).netloc
+        self.length = length
+        self.connection: HTTPConnection | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> bytes:
+        if self.connection is None:
+            self.connection = HTTPConnection(self.netloc, timeout=30)
+        self.connection.request("GET", f"/samples/{index}")
+        return self.connection.getresponse().read()
 
 
 # (c) JPEG decode and augmentation ------------------------------------------------------

@@ -1,30 +1,26 @@
-"""The image pipeline against torch DataLoader(num_workers=2) and against the machine's limit.
+"""The image workload's pieces, and the measurement behind the collator's buffer reuse.
 
-5,000 JPEGs of 320x240 (made here, in memory): Decode -> RandomResizedCrop(224) ->
-RandomHorizontalFlip -> ToFloat -> Normalize -> ToCHW -> ImageCollator, batch 64, 2 CPU
-threads. torch runs the same chain (the same code: torchvision cannot be installed beside this
-machine's torch wheel) in 2 worker processes, each item made a tensor and stacked by torch's
-default collation into shared memory (its fastest setting here). The limit is 2 x the rate of
-the same chain run in a plain loop on one core. Then the collation of a 64x3x224x224 float32
-batch with and without buffer reuse.
+``chain()``, ``make_jpegs()``, ``Jpegs`` and ``TorchJpegs`` are the JPEG workload of the suite
+(``suite.py`` (c): 320x240 JPEGs, Decode -> RandomResizedCrop(224) -> RandomHorizontalFlip ->
+ToFloat -> Normalize -> ToCHW; torch runs the same code, as torchvision cannot be installed
+beside this machine's torch wheel). Run as a script, it times the collation of a
+64x3x224x224 float32 batch into fresh memory and into reused buffers.
 
-Run: ``.venv/bin/python benches/bench_images.py [--images N] [--repeats R]``.
+Run: ``.venv/bin/python benches/bench_images.py [--repeats R]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import io
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from asyncloader import DataLoader, ImageCollator
+from asyncloader import ImageCollator
 from asyncloader.transforms import (
     Compose,
     Decode,
@@ -35,7 +31,7 @@ from asyncloader.transforms import (
     ToFloat,
 )
 
-from _common import interleave, median, save, table
+from _common import interleave, median, save
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -93,94 +89,8 @@ class TorchJpegs(Jpegs):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    jpegs = make_jpegs(args.images)
-    loader = DataLoader(
-        Jpegs(jpegs),
-        batch_size=64,
-        transform=chain(),
-        collate_fn=ImageCollator(buffers=4),
-        num_workers=2,
-        item_concurrency=2,
-        cpu_threads=2,
-    )
-
-    def ours() -> float:
-        started = time.perf_counter()
-        count = sum(len(batch) for batch in loader)
-        return count / (time.perf_counter() - started)
-
-    def theirs() -> float:
-        started = time.perf_counter()
-        torch_loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
-            TorchJpegs(jpegs),  # type: ignore[arg-type,unused-ignore]
-            batch_size=64,
-            num_workers=2,
-        )
-        count = sum(len(batch) for batch in torch_loader)
-        return count / (time.perf_counter() - started)
-
-    def one_core() -> float:
-        transform = chain()
-        sample = jpegs[:500]
-        started = time.perf_counter()
-        for index, item in enumerate(sample):
-            transform(index, item)
-        return len(sample) / (time.perf_counter() - started)
-
-    with loader:
-        ours()  # warm-up: threads started, buffers allocated
-        figures = interleave(
-            {
-                "asyncloader (2 CPU threads)": ours,
-                "torch DataLoader num_workers=2": theirs,
-                "the chain on one core": one_core,
-            },
-            args.repeats,
-        )
-    medians = {name: median(values) for name, values in figures.items()}
-    limit = 2 * medians["the chain on one core"]
-    ours_median = medians["asyncloader (2 CPU threads)"]
-    print(f"\n### {args.images} JPEGs 320x240, augmentation chain, batch 64 (images/s)\n")
-    print(table([(name, value, "") for name, value in medians.items()]))
-    ratios = {
-        "vs_torch_2": ours_median / medians["torch DataLoader num_workers=2"],
-        "of_limit": ours_median / limit,
-    }
-    print(
-        f"\nlimit (2 x one core): {limit:,.0f}/s; "
-        + ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items())
-    )
-
-    # Throughput against CPU threads (the same chain; 1 thread is the one-core baseline).
-    def with_threads(threads: int) -> float:
-        sweep = DataLoader(
-            Jpegs(jpegs[:1000]),
-            batch_size=64,
-            transform=chain(),
-            collate_fn=ImageCollator(buffers=4),
-            num_workers=2,
-            item_concurrency=2,
-            cpu_threads=threads,
-        )
-        with sweep:
-            sum(len(batch) for batch in sweep)  # warm
-            started = time.perf_counter()
-            count = sum(len(batch) for batch in sweep)
-            return count / (time.perf_counter() - started)
-
-    sweep_systems: dict[str, Callable[[], float]] = {
-        str(threads): functools.partial(with_threads, threads) for threads in (1, 2, 4)
-    }
-    threads_figures = interleave(sweep_systems, args.repeats)
-    threads_medians = {threads: median(values) for threads, values in threads_figures.items()}
-    print("\n### asyncloader images/s against cpu_threads\n")
-    for threads, value in threads_medians.items():
-        print(f"- cpu_threads={threads}: {value:,.0f} images/s")
-
     items = [np.random.default_rng(i).random((224, 224, 3), dtype=np.float32) for i in range(64)]
     chw = [ToCHW()(0, item) for item in items]
 
@@ -204,20 +114,7 @@ def main() -> None:
     print("\n### Collating 64x3x224x224 float32 (ms per batch)\n")
     for name, value in collation_medians.items():
         print(f"- {name}: {value:.2f} ms")
-    path = save(
-        "images",
-        {
-            "images": args.images,
-            "images_per_s": figures,
-            "medians": medians,
-            "limit": limit,
-            **ratios,
-            "images_per_s_by_cpu_threads": threads_figures,
-            "medians_by_cpu_threads": threads_medians,
-            "collate_ms": collation,
-            "collate_medians_ms": collation_medians,
-        },
-    )
+    path = save("images", {"collate_ms": collation, "collate_medians_ms": collation_medians})
     print(f"\nresults: {path}")
 
 
