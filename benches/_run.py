@@ -9,6 +9,7 @@ not imports. The suite (``suite.py``) samples this process's memory from outside
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import pickle
@@ -143,24 +144,29 @@ def tiny(system: str, spec: Spec) -> dict[str, Any]:
 
 def http(system: str, spec: Spec) -> dict[str, Any]:
     url, items, in_flight = spec["url"], spec["items"], spec["in_flight"]
+    young = young_collections()
     clock = Clock()
     if system == "asyncloader":
-        workers = max(1, in_flight // 16)  # item_concurrency 16, as the settings guide says
+        # As the settings guide says: 4 lanes per batch for throughput, 16 for a first batch
+        # in 4 round trips; num_workers makes up the requests in flight.
+        lanes = spec["item_concurrency"]
         data = HttpDataset(Template(url + "/samples/{index}"), length=items)
         clock = Clock()  # from building the loader, the dataset made
         with DataLoader(
             data,
             batch_size=64,
             collate_fn=list,
-            num_workers=workers,
-            item_concurrency=in_flight // workers,
+            num_workers=max(1, in_flight // lanes),
+            item_concurrency=min(lanes, in_flight),
         ) as loader:
             clock.drain(loader)
     elif system == "bare aiohttp":
+        import uvloop  # the loop the loader's own thread runs
+
         from _bare import bare
 
         clock = Clock(first_items=64)
-        asyncio.run(bare(url, items, in_flight, lambda: clock.batch(1)))
+        uvloop.run(bare(url, items, in_flight, lambda: clock.batch(1)))
     elif system == "spdl":
         import logging
 
@@ -187,7 +193,20 @@ def http(system: str, spec: Spec) -> dict[str, Any]:
                 collate_fn=list,
             )
         )
-    return clock.result()
+    return {**clock.result(), "gc_young": young[0]}
+
+
+def young_collections() -> list[int]:
+    """A counter of the cyclic collector's young-generation runs in this process from now on
+    (lanes that start their requests together set it off; see docs/settings.md)."""
+    count = [0]
+
+    def counted(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 0:
+            count[0] += 1
+
+    gc.callbacks.append(counted)
+    return count
 
 
 class _TorchHttp:

@@ -212,7 +212,10 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         for in_flight in IN_FLIGHT:
             items = int(in_flight / LATENCY_S * 3)  # 3 s at the limit
             base = {"workload": "http", "url": url, "items": items, "in_flight": in_flight}
-            runs += [{**base, "system": s} for s in ("asyncloader", "bare aiohttp", "spdl")]
+            runs.append({**base, "system": "asyncloader", "item_concurrency": 4})
+            if in_flight in (64, 256):  # the first batch's setting: 64 items in 4 round trips
+                runs.append({**base, "system": "asyncloader", "item_concurrency": 16})
+            runs += [{**base, "system": s} for s in ("bare aiohttp", "spdl")]
         # torch: 8 worker processes, one blocking request each: 8 in flight.
         torch_base = {"workload": "http", "url": url, "items": 640, "in_flight": 8}
         runs.append({**torch_base, "system": "torch", "num_workers": 8})
@@ -251,6 +254,8 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
 
 def label(spec: dict[str, Any]) -> str:
     """A run's system and setting, as tables show it."""
+    if spec["workload"] == "http" and spec.get("item_concurrency") == 16:
+        return f"asyncloader, item_concurrency=16 @{spec['in_flight']}"
     if spec["workload"] == "http" and spec["system"] != "torch":
         return f"{spec['system']} @{spec['in_flight']}"
     if spec["workload"] == "images" and spec["system"] != "plain loop":
@@ -291,6 +296,7 @@ def main() -> None:
                     "first_batch_s": median_of(r, "first_batch_s"),
                     "peak_rss_mib": median_of(r, "peak_rss_mib"),
                     "peak_pss_mib": median_of(r, "peak_pss_mib"),
+                    "gc_young": median_of(r, "gc_young"),
                     "runs": r,
                 }
                 for name, r in runs.items()
