@@ -8,6 +8,7 @@ per item), and :meth:`Recorder.snapshot` turns it into a frozen :class:`LoaderSt
 from __future__ import annotations
 
 import contextvars
+import mmap
 import threading
 import time
 from collections import deque
@@ -181,7 +182,7 @@ def _is_bytes_like(item: object) -> bool:
     return isinstance(item, _BYTES_LIKE) or type(item).__name__ == "Bytes"
 
 
-_BYTES_LIKE: Final = (bytes, bytearray, memoryview)
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview, mmap.mmap)
 
 
 def fetched_bytes(items: list[Any]) -> int:

@@ -358,8 +358,8 @@ def files(system: str, spec: Spec) -> dict[str, Any]:
     def size(batch: list[bytes]) -> int:
         return sum(len(item) for item in batch)
 
-    if system == "asyncloader":
-        data = FileDataset(names, root=folder)
+    if system.startswith("asyncloader"):
+        data = FileDataset(names, root=folder, mmap=system.endswith("mmap=True"))
         clock = Clock()
         with DataLoader(
             data, batch_size=16, collate_fn=list, num_workers=2, item_concurrency=4

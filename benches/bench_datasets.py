@@ -4,7 +4,8 @@ The measurement behind FileDataset's design (one thread hop per file, no aiofile
 the settings guide's rule for small files. 4 MiB and 16 KiB files, page cache warm:
 FileDataset (8 I/O threads) against a plain single-threaded read loop, the same loop keeping
 batches of 16 alive, aiofiles with 8 in flight, and one ``run_in_executor`` hop per file with
-8 in flight. The loaders' comparison on files, with torch and SPDL, is in ``suite.py`` (e).
+8 in flight; and FileDataset read against ``mmap=True`` when the consumer touches every page
+of every item. The loaders' comparison on files, with torch and SPDL, is in ``suite.py`` (e).
 
 Run: ``.venv/bin/python benches/bench_datasets.py [--repeats R]``.
 """
@@ -19,9 +20,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from asyncloader import DataLoader, FileDataset
 
 from _common import interleave, median, save, table, timed
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def files_section(repeats: int) -> dict[str, Any]:
@@ -38,16 +43,28 @@ def files_section(repeats: int) -> dict[str, Any]:
 def _files_run(folder: str, label: str, count: int, repeats: int) -> dict[str, Any]:
     names = [f"{i:05d}.bin" for i in range(count)]
     # One loader for every epoch, as in training: its threads are started once.
-    loader = DataLoader(
-        FileDataset(names, root=folder),
-        batch_size=16,
-        collate_fn=list,
-        num_workers=2,
-        item_concurrency=4,
+    loader, mapped = (
+        DataLoader(
+            FileDataset(names, root=folder, mmap=mmap),
+            batch_size=16,
+            collate_fn=list,
+            num_workers=2,
+            item_concurrency=4,
+        )
+        for mmap in (False, True)
     )
 
     def ours() -> int:
         return sum(len(item) for batch in loader for item in batch)
+
+    def touched(batches: DataLoader) -> int:
+        """Each item's every page read once, as a training step that uses the bytes does."""
+        total = 0
+        for batch in batches:
+            for item in batch:
+                total += len(item)
+                np.frombuffer(item, dtype=np.uint8)[::PAGE].sum()
+        return total
 
     def plain() -> int:
         total = 0
@@ -102,11 +119,15 @@ def _files_run(folder: str, label: str, count: int, repeats: int) -> dict[str, A
     def with_one_hop() -> int:
         return eight_in_flight(one_hop_read)
 
-    with loader:
+    with loader, mapped:
         ours()  # warm: threads started, page cache filled
         figures = interleave(
             {
                 "asyncloader FileDataset (8 in flight)": lambda: timed(ours) / 2**20,
+                "asyncloader, each page touched": lambda: timed(lambda: touched(loader)) / 2**20,
+                "asyncloader mmap=True, each page touched": lambda: (
+                    timed(lambda: touched(mapped)) / 2**20
+                ),
                 "plain read loop (1 thread)": lambda: timed(plain) / 2**20,
                 "plain read loop, batches of 16 held": lambda: timed(plain_held) / 2**20,
                 "aiofiles (8 in flight)": lambda: timed(with_aiofiles) / 2**20,
@@ -124,6 +145,8 @@ def _files_run(folder: str, label: str, count: int, repeats: int) -> dict[str, A
         "vs_aiofiles": ours_median / medians["aiofiles (8 in flight)"],
         "one_hop_vs_aiofiles": medians["one thread hop per file (8 in flight)"]
         / medians["aiofiles (8 in flight)"],
+        "touched_mmap_vs_read": medians["asyncloader mmap=True, each page touched"]
+        / medians["asyncloader, each page touched"],
     }
     print("\n" + ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items()))
     return {"mib_per_s": figures, "medians": medians, **ratios}

@@ -245,7 +245,13 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
             with open(os.path.join(files, f"{i:03d}.bin"), "wb") as file:
                 file.write(os.urandom(4 * 2**20))
         base = {"workload": "files", "folder": files}
-        readers = ("asyncloader", "plain loop", "plain loop, batches held", "spdl")
+        readers = (
+            "asyncloader",
+            "asyncloader, mmap=True",
+            "plain loop",
+            "plain loop, batches held",
+            "spdl",
+        )
         runs = [{**base, "system": s} for s in readers]
         runs.append({**base, "system": "torch", "num_workers": 2})
         workloads.append(("e", runs))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncloader import DataLoader, FileDataset, Retry, Template
@@ -110,3 +112,45 @@ def test_an_unreadable_file_is_a_permission_error(folder: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("PermissionError"), result.stdout
     assert "after 1 attempt" in result.stdout
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 3)])
+def test_mapped_files_are_read_only_maps_of_their_contents(
+    folder: Path, num_workers: int, item_concurrency: int
+) -> None:
+    data = FileDataset(Template("{index:03d}.bin"), root=folder, length=6, mmap=True)
+    items = read_all(data, num_workers=num_workers, item_concurrency=item_concurrency)
+    assert items[0] == b""  # an empty file cannot be mapped: its item is empty bytes
+    assert [bytes(item) for item in items] == [bytes([i]) * (i * 1000) for i in range(6)]
+    assert all(type(item) is mmap.mmap for item in items[1:])
+    with pytest.raises(TypeError):
+        items[1][0] = 7  # read-only: a write would reach the file
+    assert np.frombuffer(items[5], dtype=np.uint8).sum() == 5 * 5000  # no copy needed
+    assert (folder / "001.bin").read_bytes() == b"\x01" * 1000
+
+
+def test_mapped_files_keep_the_limits_and_errors_of_read_files(folder: Path) -> None:
+    data = FileDataset(
+        ["002.bin", "003.bin", "nope.bin", "sub"], root=folder, max_bytes=2000, mmap=True
+    )
+    out = read_all(data)
+    assert bytes(out[0]) == b"\x02" * 2000
+    assert type(out[1]) is ValueError
+    assert "3000 bytes, over max_bytes=2000" in str(out[1])
+    assert type(out[2]) is FileNotFoundError
+    assert isinstance(out[3], IsADirectoryError)
+
+
+def test_mapped_bytes_are_counted_in_the_statistics(folder: Path) -> None:
+    data = FileDataset(["004.bin", "005.bin"], root=folder, mmap=True)
+    with DataLoader(
+        data, batch_size=2, collate_fn=list, num_workers=1, item_concurrency=2
+    ) as loader:
+        assert [len(item) for batch in loader for item in batch] == [4000, 5000]
+        assert loader.stats().bytes == 9000
+
+
+def test_mmap_must_be_a_bool(folder: Path) -> None:
+    with pytest.raises(TypeError, match="mmap must be True or False, got 'yes'"):
+        FileDataset(["001.bin"], root=folder, mmap="yes")  # type: ignore[arg-type]
+    assert "mmap=True" in repr(FileDataset(["001.bin"], root=folder, mmap=True))
