@@ -204,8 +204,8 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         extra = {name: {"of the limit": _fmt(_ratio(rows[name]["per_s"], alone))} for name in rows}
         out.append(
             "### (d) S3 on moto, 16 KiB objects, 64 in flight\n\n"
-            "moto's S3 server in its own process, 1,024 objects. asyncloader: "
-            "`ObjectStoreDataset`, `num_workers=4`, `item_concurrency=16`. Limit: obstore's "
+            "moto's S3 server in its own process, 1,024 objects, each got 4 times. asyncloader: "
+            "`ObjectStoreDataset`, `num_workers=16`, `item_concurrency=4`. Limit: obstore's "
             "`get_async` called directly by 64 coroutines. SPDL: an async obstore stage, "
             "concurrency 64. torch: 8 workers, obstore's blocking `get`.\n\n"
             + _table(rows, list(rows), "objects/s", extra)

@@ -233,7 +233,8 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         workloads.append(("c", runs))
     if "d" in only:
         bucket = stack.enter_context(moto_bucket(1024, 16 * 1024))
-        base = {"workload": "s3", **bucket}
+        # Each object 4 times: 64 batches, so that 16 batches in work reach a steady rate.
+        base = {"workload": "s3", **bucket, "keys": bucket["keys"] * 4}
         systems = ("asyncloader", "obstore alone", "spdl")
         runs = [{**base, "system": s} for s in systems]
         runs.append({**base, "system": "torch", "num_workers": 8})
