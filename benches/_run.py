@@ -349,7 +349,9 @@ class _TorchObjects:
 
 def files(system: str, spec: Spec) -> dict[str, Any]:
     folder: str = spec["folder"]
-    names = sorted(os.listdir(folder))
+    # Every file 8 times (2 GiB a run): one pass over 256 MiB takes ~20 ms, too short a run
+    # to time on a machine this noisy.
+    names = sorted(os.listdir(folder)) * 8
     clock = Clock()
 
     def read(name: str) -> bytes:
@@ -363,7 +365,7 @@ def files(system: str, spec: Spec) -> dict[str, Any]:
         data = FileDataset(names, root=folder, mmap=system.endswith("mmap=True"))
         clock = Clock()
         with DataLoader(
-            data, batch_size=16, collate_fn=list, num_workers=2, item_concurrency=4
+            data, batch_size=16, collate_fn=list, num_workers=2, item_concurrency=1
         ) as loader:
             clock.drain(loader, size)
     elif system == "torch":
