@@ -72,7 +72,10 @@ class DataLoader:
         transform: ``f(index, item) -> item``, run on the CPU pool.
         collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
         num_workers: Batches processed at once; 0 processes them inline when possible.
-        item_concurrency: Items of one batch fetched at once.
+        item_concurrency: Items of one batch fetched at once. Requests in flight are
+            ``max(num_workers, 1) * item_concurrency``; for throughput prefer more batches of
+            a few lanes (4) to few batches of many, for a sooner first batch more lanes
+            (``docs/settings.md``).
         prefetch_depth: Finished batches that may wait for the consumer, at least 1.
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` waits forever.

@@ -233,10 +233,13 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
             "read-only map of the file's cached pages, populated when mapped, no copy). "
             "Limit: a plain read loop on one thread that drops each file at once; "
             '"batches held" keeps each batch of 16 alive until the next, as a training step '
-            "does. SPDL: a read stage with concurrency 4; torch: 2 worker processes.\n\n"
+            'does. "freed memory kept": run with glibc\'s `MALLOC_MMAP_THRESHOLD_=33554432` and '
+            "`MALLOC_TRIM_THRESHOLD_=1073741824` (docs/settings.md), so that freed batches' "
+            "memory is reused rather than given back and faulted in again. SPDL: a read stage "
+            "with concurrency 4; torch: 2 worker processes.\n\n"
             + _table(rows, list(rows), "MiB/s", extra)
         )
-        for name in ("asyncloader", "asyncloader, mmap=True"):
+        for name in ("asyncloader", "asyncloader, mmap=True", "asyncloader, freed memory kept"):
             goals.append(
                 (f"(e) {name} ÷ plain read loop", _ratio(per_s("e", name), plain), "≥", 0.9)
             )

@@ -45,6 +45,11 @@ LATENCY_S = 0.020
 IN_FLIGHT = (16, 64, 128, 256)
 THREADS = (1, 2, 4)
 PAGE = os.sysconf("SC_PAGE_SIZE")
+KEEP_FREED_MEMORY = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
+    "MALLOC_TRIM_THRESHOLD_": str(2**30),
+}
+"""glibc's settings that keep freed memory for reuse (docs/settings.md)."""
 
 
 # Memory of a process tree -----------------------------------------------------------------
@@ -100,6 +105,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         [sys.executable, str(HERE / "_run.py"), json.dumps(spec)],
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, **spec.get("env", {})},
     )
     timeline: list[tuple[float, float]] = []
     peaks = {"rss": 0, "pss": 0}
@@ -256,6 +262,11 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
             "spdl",
         )
         runs = [{**base, "system": s} for s in readers]
+        # The settings guide's allocator setting for large items, given to each system that
+        # keeps batches alive: glibc then reuses freed batches' memory instead of returning
+        # it to the kernel and faulting fresh pages in for the next batch.
+        for reader in ("asyncloader", "plain loop, batches held"):
+            runs.append({**base, "system": reader, "env": KEEP_FREED_MEMORY})
         runs.append({**base, "system": "torch", "num_workers": 2})
         workloads.append(("e", runs))
     return workloads
@@ -269,6 +280,8 @@ def label(spec: dict[str, Any]) -> str:
         return f"{spec['system']} @{spec['in_flight']}"
     if spec["workload"] == "images" and spec["system"] != "plain loop":
         return f"{spec['system']} x{spec['threads']}"
+    if "env" in spec:
+        return f"{spec['system']}, freed memory kept"
     if spec["system"] == "torch" and "num_workers" in spec:
         return f"torch num_workers={spec['num_workers']}"
     return str(spec["system"])
