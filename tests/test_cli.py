@@ -74,15 +74,19 @@ def test_bench_a_bucket_prefix(bucket: str) -> None:
     assert "0.0 MiB" in result.stdout or "MiB" in result.stdout
 
 
-def test_bench_a_folder_with_a_progress_bar(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mapped", [[], ["--mmap"]])
+def test_bench_a_folder_with_a_progress_bar(tmp_path: Path, mapped: list[str]) -> None:
     for i in range(30):
         (tmp_path / f"{i}.bin").write_bytes(b"x" * 1000)
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "more.bin").write_bytes(b"y" * 10)
-    result = cli("bench", str(tmp_path), "--seconds", "30")
+    result = cli("bench", str(tmp_path), "--seconds", "30", *mapped)
     assert result.returncode == 0, result.stderr
     assert items_read(result.stdout) == 31
     assert "31/31" in result.stderr  # tqdm's bar, on stderr
+    rate = re.search(r"([\d.]+) MB/s", result.stdout)
+    assert rate is not None, result.stdout
+    assert float(rate.group(1)) > 0, result.stdout  # mapped files' bytes count too
 
 
 @pytest.mark.parametrize(
