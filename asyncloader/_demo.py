@@ -107,8 +107,10 @@ def run_demo(items: int, batch_size: int, in_flight: int, latency_s: float) -> d
     """Stream one epoch of ``items`` samples; print and return what was measured."""
     from tqdm import tqdm
 
-    num_workers = 4
-    item_concurrency = max(1, in_flight // num_workers)
+    # Batches of 4 lanes, as many as make up the requests in flight: the settings guide's
+    # choice for throughput (docs/settings.md).
+    item_concurrency = max(1, min(4, in_flight))
+    num_workers = max(1, in_flight // item_concurrency)
     with serve_samples(latency_s) as url:
         dataset = HttpDataset(Template(url + "/samples/{index}"), length=items)
         with DataLoader(
