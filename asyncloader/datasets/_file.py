@@ -10,9 +10,10 @@ is not used.
 
 With ``mmap=True`` an item is a read-only map of the file's pages in the page cache instead of
 a copy: reading a 4 MiB file into fresh memory costs its page faults and a copy (a loop that
-keeps each batch alive read 2-3 GB/s here), mapping it costs its page-table entries (over
-100 GB/s), filled at once (``MAP_POPULATE``) so that the training step touching the bytes
-takes no faults (``benches/bench_datasets.py``).
+keeps each batch alive read 2-3 GB/s here), mapping it costs its page-table entries, filled
+at once (``MAP_POPULATE``) so that the training step touching the bytes takes no faults. That
+is over 100 GB/s for a file the kernel caches in large folios, and about a read's speed for
+one cached in 4 KiB pages (``docs/settings.md``); so it is not the default.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ _MAP_FLAGS: Final = _mmap.MAP_SHARED | getattr(_mmap, "MAP_POPULATE", 0)
 
 
 class FileDataset:
-    """A dataset whose item ``i`` is the content of file ``locations[i]``, as ``bytes``.
+    """A dataset whose item ``i`` is the content of file ``locations[i]``, as ``bytes`` (or a
+    read-only map of it, with ``mmap=True``).
 
     Args:
         locations: A list of paths, a function of the index, or a
