@@ -253,6 +253,8 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         for i in range(64):
             with open(os.path.join(files, f"{i:03d}.bin"), "wb") as file:
                 file.write(os.urandom(4 * 2**20))
+        # Written now, read last: by then the kernel caches them in 4 KiB pages, as it does
+        # files written long before a training job reads them (docs/performance.md, (e)).
         base = {"workload": "files", "folder": files}
         readers = (
             "asyncloader",
