@@ -7,7 +7,7 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator as AsyncIteratorABC
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -18,6 +18,7 @@ from ._iterators import AsyncIterator, DirectIterator, ThreadedIterator
 from ._pin import pin_batch, pinning_available
 from ._runtime import Runtime
 from ._sampler import (
+    Batches,
     DistributedSampler,
     RandomSampler,
     Sampler,
@@ -337,7 +338,7 @@ class DataLoader:
 
     # -- epochs -----------------------------------------------------------------------------
 
-    def _start_epoch(self) -> tuple[list[list[int]], Progress]:
+    def _start_epoch(self) -> tuple[Batches, Progress]:
         """Fix the batches of the next epoch (the sampler is read whole, now).
 
         After a loaded state, the batches already received are left out, never fetched.
@@ -347,6 +348,7 @@ class DataLoader:
         if resume is not None and resume.epoch != epoch:
             resume = None
         skip = 0
+        indices: Sequence[int]
         if resume is not None and resume.world_size != self._world_size:
             indices = self._elastic_indices(resume, length)
         else:
@@ -358,7 +360,7 @@ class DataLoader:
         progress = Progress(epoch, received=min(skip, len(batches)))
         self._progress = progress
         self._skipper = (
-            Skipper(epoch_budget(self._max_errors, sum(map(len, batches))), self._recorder)
+            Skipper(epoch_budget(self._max_errors, batches.items), self._recorder)
             if self._skip
             else None
         )

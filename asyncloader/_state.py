@@ -15,6 +15,7 @@ among the ``M`` ranks as a ``DistributedSampler`` would, padded or cut by ``drop
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -113,7 +114,7 @@ def check_compatible(state: object, expected: dict[str, Any]) -> dict[str, Any]:
 
 
 def elastic_indices(
-    order: list[int],
+    order: Sequence[int],
     saved_world_size: int,
     received_per_rank: int,
     world_size: int,

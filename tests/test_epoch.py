@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncloader import DataLoader
+from asyncloader._sampler import SequentialSampler, cut_batches, read_sampler
 
 from .datasets import AsyncData, SyncData
 
@@ -244,3 +247,38 @@ def test_no_batch_has_more_than_item_concurrency_items_in_flight(
         assert [int(i) for batch in loader for i in batch] == list(range(120))
     assert set(peaks.values()) == {item_concurrency}
     assert len(peaks) == 120 // batch_size
+
+
+@given(
+    length=st.integers(0, 300),
+    batch_size=st.integers(1, 70),
+    drop_last=st.booleans(),
+    skip=st.integers(0, 10),
+    as_range=st.booleans(),
+)
+def test_batches_are_cut_as_asked_like_a_list_of_lists(
+    length: int, batch_size: int, drop_last: bool, skip: int, as_range: bool
+) -> None:
+    """The lazy cut equals the eager one: every batch, its length, a resume's tail, the count."""
+    indices = range(length) if as_range else list(range(length - 1, -1, -1))
+    stop = length - length % batch_size if drop_last else length
+    eager = [list(indices[i : i + batch_size]) for i in range(0, stop, batch_size)]
+    batches = cut_batches(indices, batch_size, drop_last)
+    assert list(batches) == eager
+    assert len(batches) == len(eager)
+    assert all(type(batch) is list for batch in batches)
+    tail = batches[skip:]
+    assert list(tail) == eager[skip:]
+    assert tail.items == sum(map(len, eager[skip:]))
+    if eager:
+        assert batches[-1] == eager[-1]
+
+
+def test_a_sequential_epoch_is_not_built_whole_before_its_first_batch() -> None:
+    """The default sampler's indices stay a range; the loader yields them batch by batch."""
+    assert read_sampler(SequentialSampler(), 1_000_000, 0) == range(1_000_000)
+    data = SyncData(1_000_000)
+    with DataLoader(data, batch_size=4, collate_fn=list) as loader:
+        iterator = iter(loader)
+        assert next(iterator) == [data[i] for i in range(4)]
+        assert len(loader) == 250_000
