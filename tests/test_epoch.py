@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncloader import DataLoader
-from asyncloader._sampler import SequentialSampler, cut_batches, read_sampler
+from asyncloader import DataLoader, RandomSampler
+from asyncloader._sampler import Permutation, SequentialSampler, cut_batches, read_sampler
 
 from .datasets import AsyncData, SyncData
 
@@ -254,13 +255,17 @@ def test_no_batch_has_more_than_item_concurrency_items_in_flight(
     batch_size=st.integers(1, 70),
     drop_last=st.booleans(),
     skip=st.integers(0, 10),
-    as_range=st.booleans(),
+    kind=st.sampled_from(["range", "list", "permutation"]),
 )
 def test_batches_are_cut_as_asked_like_a_list_of_lists(
-    length: int, batch_size: int, drop_last: bool, skip: int, as_range: bool
+    length: int, batch_size: int, drop_last: bool, skip: int, kind: str
 ) -> None:
     """The lazy cut equals the eager one: every batch, its length, a resume's tail, the count."""
-    indices = range(length) if as_range else list(range(length - 1, -1, -1))
+    indices: Sequence[int] = {
+        "range": range(length),
+        "list": list(range(length - 1, -1, -1)),
+        "permutation": Permutation(length, 7, 1),
+    }[kind]
     stop = length - length % batch_size if drop_last else length
     eager = [list(indices[i : i + batch_size]) for i in range(0, stop, batch_size)]
     batches = cut_batches(indices, batch_size, drop_last)
@@ -272,6 +277,18 @@ def test_batches_are_cut_as_asked_like_a_list_of_lists(
     assert tail.items == sum(map(len, eager[skip:]))
     if eager:
         assert batches[-1] == eager[-1]
+
+
+def test_a_random_epoch_is_numpys_permutation_of_seed_and_epoch() -> None:
+    """The order saved states recompute: numpy's ``default_rng([seed, epoch])``, as ints."""
+    drawn = read_sampler(RandomSampler(5), 1000, 3)
+    assert list(drawn) == np.random.default_rng([5, 3]).permutation(1000).tolist()
+    assert all(type(index) is int for index in drawn[10:20])
+    data = SyncData(1000)
+    with DataLoader(data, batch_size=100, collate_fn=list, shuffle=True, seed=5) as loader:
+        for _ in range(4):  # epochs 0 to 3
+            epoch = [index for batch in loader for index in batch]
+    assert epoch == list(drawn)
 
 
 def test_a_sequential_epoch_is_not_built_whole_before_its_first_batch() -> None:
