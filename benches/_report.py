@@ -80,6 +80,15 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         )
         goals.append(("(a) direct path ÷ torch num_workers=0", direct, "≥", 2))
         goals.append(("(a) num_workers=2 ÷ torch num_workers=2", workers, "≥", 2))
+        for ours in ("asyncloader direct", "asyncloader num_workers=2"):
+            goals.append(
+                (
+                    f"(f) first batch, tiny items: {ours} ÷ torch num_workers=2",
+                    _ratio(first("a", ours), first("a", "torch num_workers=2")),
+                    "≤",
+                    0.1,
+                )
+            )
     if "b" in work:
         rows = work["b"]
         extra = {}
@@ -238,6 +247,14 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
             "memory is reused rather than given back and faulted in again. SPDL: a read stage "
             "with concurrency 4; torch: 2 worker processes.\n\n"
             + _table(rows, list(rows), "MiB/s", extra)
+        )
+        goals.append(
+            (
+                "(f) first batch, files: asyncloader ÷ torch num_workers=2",
+                _ratio(first("e", "asyncloader"), first("e", "torch num_workers=2")),
+                "≤",
+                0.1,
+            )
         )
         for name in ("asyncloader", "asyncloader, mmap=True", "asyncloader, freed memory kept"):
             goals.append(
