@@ -203,23 +203,25 @@ def sampler_length(sampler: object, length: int) -> int:
 
 
 class Batches(Sequence[list[int]]):
-    """An epoch's indices cut into batches of ``batch_size`` (a short last one dropped if
-    asked), each cut when it is asked for.
+    """Batches of an epoch's indices, each cut when it is asked for (see :func:`cut_batches`).
 
     Cutting 200,000 indices into lists up front took 5 ms before the first batch, and kept a
     list per batch for the whole epoch; the driver asks for a batch when it starts it.
+
+    Args:
+        indices: The epoch's indices.
+        batch_size: Indices per batch.
+        stop: How many of ``indices`` are cut (all but a dropped short last batch).
+        numbers: The epoch's batch numbers these batches are (a resumed epoch skips some).
     """
 
     __slots__ = ("_batch_size", "_indices", "_numbers", "_stop")
 
-    def __init__(
-        self, indices: Sequence[int], batch_size: int, drop_last: bool, numbers: range | None = None
-    ) -> None:
+    def __init__(self, indices: Sequence[int], batch_size: int, stop: int, numbers: range) -> None:
         self._indices = indices
         self._batch_size = batch_size
-        self._stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
-        self._numbers = range(-(-self._stop // batch_size)) if numbers is None else numbers
-        """The epoch's batch numbers these batches are."""
+        self._stop = stop
+        self._numbers = numbers
 
     def __len__(self) -> int:
         return len(self._numbers)
@@ -232,9 +234,7 @@ class Batches(Sequence[list[int]]):
 
     def __getitem__(self, key: int | slice) -> list[int] | Batches:
         if isinstance(key, slice):
-            batches = Batches(self._indices, self._batch_size, False, self._numbers[key])
-            batches._stop = self._stop
-            return batches
+            return Batches(self._indices, self._batch_size, self._stop, self._numbers[key])
         start = self._numbers[key] * self._batch_size
         chunk = self._indices[start : min(start + self._batch_size, self._stop)]
         return chunk if isinstance(chunk, list) else list(chunk)
@@ -248,7 +248,8 @@ class Batches(Sequence[list[int]]):
 
 def cut_batches(indices: Sequence[int], batch_size: int, drop_last: bool) -> Batches:
     """Cut an epoch's indices into batches of ``batch_size``, dropping a short last one if asked."""
-    return Batches(indices, batch_size, drop_last)
+    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
+    return Batches(indices, batch_size, stop, range(-(-stop // batch_size)))
 
 
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
