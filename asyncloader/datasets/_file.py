@@ -19,6 +19,7 @@ one cached in 4 KiB pages (``docs/settings.md``); so it is not the default.
 from __future__ import annotations
 
 import errno
+import io
 import mmap as _mmap
 import os
 from typing import Final
@@ -98,51 +99,42 @@ class FileDataset:
 
     def __getitem__(self, index: int) -> bytes | _mmap.mmap:
         path = self.path(index)
-        read = self._map if self.mmap else self._read
-        return retrying_sync(self.retry, lambda: read(path))
+        return retrying_sync(self.retry, lambda: self._load(path))
 
-    def _map(self, path: str) -> bytes | _mmap.mmap:
+    def _load(self, path: str) -> bytes | _mmap.mmap:
         try:
             with open(path, "rb", buffering=0) as file:
-                size = os.fstat(file.fileno()).st_size
-                if self.max_bytes is not None and size > self.max_bytes:
-                    raise AttemptFailed(
-                        ValueError(f"{path!r} is {size} bytes, over max_bytes={self.max_bytes}"),
-                        transient=False,
-                    )
-                if size == 0:
-                    return b""  # an empty file cannot be mapped
-                # The map keeps the file's pages; the descriptor can close at once.
-                return _mmap.mmap(file.fileno(), size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
+                return self._map(file, path) if self.mmap else self._read(file, path)
         except AttemptFailed:
             raise
         except OSError as error:
             raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
 
-    def _read(self, path: str) -> bytes:
-        try:
-            with open(path, "rb", buffering=0) as file:
-                if self.max_bytes is not None:
-                    size = os.fstat(file.fileno()).st_size
-                    if size > self.max_bytes:
-                        raise AttemptFailed(
-                            ValueError(
-                                f"{path!r} is {size} bytes, over max_bytes={self.max_bytes}"
-                            ),
-                            transient=False,
-                        )
-                    data = file.read(self.max_bytes + 1)  # a file that grew is caught too
-                    if len(data) > self.max_bytes:
-                        raise AttemptFailed(
-                            ValueError(f"{path!r} is over max_bytes={self.max_bytes}"),
-                            transient=False,
-                        )
-                    return data
-                return file.read()
-        except AttemptFailed:
-            raise
-        except OSError as error:
-            raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
+    def _map(self, file: io.FileIO, path: str) -> bytes | _mmap.mmap:
+        size = os.fstat(file.fileno()).st_size
+        self._check_size(path, size)
+        if size == 0:
+            return b""  # an empty file cannot be mapped
+        # The map keeps the file's pages; the descriptor can close at once.
+        return _mmap.mmap(file.fileno(), size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
+
+    def _read(self, file: io.FileIO, path: str) -> bytes:
+        if self.max_bytes is None:
+            return file.readall()
+        self._check_size(path, os.fstat(file.fileno()).st_size)
+        data = file.read(self.max_bytes + 1)  # a file that grew is caught too
+        if len(data) > self.max_bytes:
+            raise AttemptFailed(
+                ValueError(f"{path!r} is over max_bytes={self.max_bytes}"), transient=False
+            )
+        return data
+
+    def _check_size(self, path: str, size: int) -> None:
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise AttemptFailed(
+                ValueError(f"{path!r} is {size} bytes, over max_bytes={self.max_bytes}"),
+                transient=False,
+            )
 
     def __repr__(self) -> str:
         mapped = ", mmap=True" if self.mmap else ""
