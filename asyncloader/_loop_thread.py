@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -20,14 +20,20 @@ _STOP_GRACE_S = 2.0
 """How long stopping the loop waits for its cancelled tasks to finish."""
 
 
+_new_loop: Callable[[], asyncio.AbstractEventLoop]
+# Imported with the package, not by the first epoch: loading uvloop's extension takes ~2 ms
+# here, most of the ~3.5 ms a first batch with workers took (docs/performance.md, (f)).
+try:
+    import uvloop
+
+    _new_loop = uvloop.new_event_loop
+except ImportError:
+    _new_loop = asyncio.new_event_loop
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when it is installed, else asyncio's default."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+    return _new_loop()
 
 
 class LoopThread:
