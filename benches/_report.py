@@ -236,10 +236,11 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         )
         out.append(
             "### (e) Large files: 64 × 4 MiB, each read 8 times, page cache warm\n\n"
-            "asyncloader: `FileDataset`, batch 16, `num_workers=2`, `item_concurrency=1` (a "
-            "batch is one job on the I/O threads); "
-            "read into fresh memory (the default), or mapped (`mmap=True`: each item a "
-            "read-only map of the file's cached pages, populated when mapped, no copy). "
+            "asyncloader: `FileDataset`, batch 16; read into fresh memory (the default) with "
+            "`num_workers=1`, `item_concurrency=2` (one batch at a time, on both cores), or "
+            "mapped (`mmap=True`: each item a read-only map of the file's cached pages, "
+            "populated when mapped, no copy) with `num_workers=2`, `item_concurrency=1` (each "
+            "batch one job on the I/O threads). "
             "Limit: a plain read loop on one thread that drops each file at once; "
             '"batches held" keeps each batch of 16 alive until the next, as a training step '
             'does. "freed memory kept": run with glibc\'s `MALLOC_MMAP_THRESHOLD_=33554432` and '

@@ -362,10 +362,16 @@ def files(system: str, spec: Spec) -> dict[str, Any]:
         return sum(len(item) for item in batch)
 
     if system.startswith("asyncloader"):
-        data = FileDataset(names, root=folder, mmap=system.endswith("mmap=True"))
+        mapped = system.endswith("mmap=True")
+        data = FileDataset(names, root=folder, mmap=mapped)
+        # Reads: one batch at a time, its two lanes on both cores, so the first batch's fresh
+        # memory is faulted in on both (~25 ms, not ~37 as one job each for two batches; the
+        # rate within noise). Maps, cheap per item: two batches in work, one job each (1.25x
+        # one batch at a time in side runs: the hop between batches shows).
+        workers, lanes = (2, 1) if mapped else (1, 2)
         clock = Clock()
         with DataLoader(
-            data, batch_size=16, collate_fn=list, num_workers=2, item_concurrency=1
+            data, batch_size=16, collate_fn=list, num_workers=workers, item_concurrency=lanes
         ) as loader:
             clock.drain(loader, size)
     elif system == "torch":
