@@ -163,10 +163,16 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         out.append(
             "### (c) JPEG decode and augmentation\n\n"
             "2,000 JPEGs of 320×240: Decode → RandomResizedCrop(224) → RandomHorizontalFlip → "
-            "ToFloat → Normalize → ToCHW, batch 64. `xN`: N CPU threads (asyncloader "
-            "`cpu_threads`, SPDL `num_threads` and stage concurrency) or N worker processes "
-            "(torch, each item a tensor, its default collation into shared memory). Limit: "
-            "min(N, 2 cores) × the chain's rate in a plain loop on one core.\n\n"
+            "ToFloat → Normalize → ToCHW, batch 64, the same float32 batches from every system. "
+            "asyncloader, SPDL and the plain loop end the chain at uint8 and normalize while "
+            "collating (`ImageCollator(mean=..., std=...)`, the settings guide's way); torch "
+            "runs the whole chain per item, each item a tensor, and its default collation into "
+            "shared memory (its fastest setting here; torchvision cannot be installed beside "
+            'this torch wheel); "normalized per item" is asyncloader running torch\'s chain. '
+            "asyncloader: `num_workers=2`, `item_concurrency=1` (each batch one job on the CPU "
+            "pool). `xN`: N CPU threads (asyncloader `cpu_threads`, SPDL `num_threads` and stage "
+            "concurrency) or N worker processes (torch). Limit: min(N, 2 cores) × the rate of "
+            "the chain and collation in a plain loop on one core.\n\n"
             + _table(rows, list(rows), "images/s", extra)
         )
         ours, theirs = work["c"].get("asyncloader x2"), work["c"].get("torch x2")

@@ -1,10 +1,12 @@
 """The image workload's pieces, and the measurement behind the collator's buffer reuse.
 
-``chain()``, ``make_jpegs()``, ``Jpegs`` and ``TorchJpegs`` are the JPEG workload of the suite
-(``suite.py`` (c): 320x240 JPEGs, Decode -> RandomResizedCrop(224) -> RandomHorizontalFlip ->
-ToFloat -> Normalize -> ToCHW; torch runs the same code, as torchvision cannot be installed
-beside this machine's torch wheel). Run as a script, it times the collation of a
-64x3x224x224 float32 batch into fresh memory and into reused buffers.
+``crop_chain()``, ``normalizing_collator()``, ``chain()``, ``make_jpegs()``, ``Jpegs`` and
+``TorchJpegs`` are the JPEG workload of the suite (``suite.py`` (c): 320x240 JPEGs, Decode ->
+RandomResizedCrop(224) -> RandomHorizontalFlip, then ToFloat -> Normalize -> ToCHW, either
+while collating (``ImageCollator(mean=..., std=...)``) or per item (torch runs the same code
+per item, as torchvision cannot be installed beside this machine's torch wheel). Run as a
+script, it times the collation of a 64x3x224x224 float32 batch into fresh memory and into
+reused buffers.
 
 Run: ``.venv/bin/python benches/bench_images.py [--repeats R]``.
 """
@@ -36,7 +38,18 @@ from _common import interleave, median, save
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
+def crop_chain() -> Compose:
+    """The chain up to uint8: the loaders that collate with :func:`normalizing_collator`."""
+    return Compose([Decode(), RandomResizedCrop(224), RandomHorizontalFlip()])
+
+
+def normalizing_collator() -> ImageCollator:
+    """Normalizes while it collates: with :func:`crop_chain`, the batches of :func:`chain`."""
+    return ImageCollator(buffers=4, mean=MEAN, std=STD)
+
+
 def chain() -> Compose:
+    """The whole chain per item (torch's way: each item a normalized float tensor)."""
     return Compose(
         [
             Decode(),

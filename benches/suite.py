@@ -238,6 +238,8 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         for threads in THREADS:
             base = {"workload": "images", "jpegs": jpegs, "threads": threads}
             runs += [{**base, "system": s} for s in ("asyncloader", "torch", "spdl")]
+            if threads == 2:  # what normalizing while collating gains, in the same run
+                runs.append({**base, "system": "asyncloader, normalized per item"})
         workloads.append(("c", runs))
     if "d" in only:
         bucket = stack.enter_context(moto_bucket(1024, 16 * 1024))

@@ -2,8 +2,8 @@
 
 Run: ``.venv/bin/python examples/train_images.py``. It writes 256 small JPEGs of two classes
 (reddish or bluish) into a temporary folder, streams them with ``FileDataset``, decodes and
-augments them on the loader's CPU pool, collates each batch once into reused memory, and
-hands it to torch without a copy.
+augments them on the loader's CPU pool, collates (and normalizes) each batch once into reused
+memory, and hands it to torch without a copy.
 """
 
 from __future__ import annotations
@@ -18,15 +18,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from asyncloader import DataLoader, FileDataset, ImageCollator, Template
-from asyncloader.transforms import (
-    Compose,
-    Decode,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    ToCHW,
-    ToFloat,
-)
+from asyncloader.transforms import Compose, Decode, RandomHorizontalFlip, RandomResizedCrop
 
 IMAGES = 256
 
@@ -51,16 +43,9 @@ def main() -> None:
         torch.nn.Linear(8, 2),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    augment = Compose(
-        [
-            Decode(),
-            RandomResizedCrop(32, scale=(0.5, 1.0)),
-            RandomHorizontalFlip(),
-            ToFloat(),
-            Normalize(mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25]),
-            ToCHW(),
-        ]
-    )
+    # uint8 to the end of the chain: the collator scales, normalizes and lays out the batch
+    # as it copies it (what ToFloat(), Normalize() and ToCHW() would do per item).
+    augment = Compose([Decode(), RandomResizedCrop(32, scale=(0.5, 1.0)), RandomHorizontalFlip()])
     with tempfile.TemporaryDirectory() as folder:
         write_images(Path(folder))
         loader = DataLoader(
@@ -69,7 +54,7 @@ def main() -> None:
             shuffle=True,
             seed=0,
             transform=augment,
-            collate_fn=ImageCollator(buffers=2),
+            collate_fn=ImageCollator(mean=[0.5] * 3, std=[0.25] * 3, buffers=2),
             num_workers=2,
         )
         with loader:

@@ -8,8 +8,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncloader import DataLoader, ImageCollator
-from asyncloader.transforms import Compose, Decode, ToCHW, ToFloat
+from asyncloader import DataLoader, ImageCollator, Transform
+from asyncloader.transforms import (
+    Compose,
+    Decode,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    ToCHW,
+    ToFloat,
+)
 
 from .images import EncodedImages, picture
 
@@ -106,3 +114,67 @@ def test_through_the_loader_with_reuse() -> None:
                 assert batch.dtype == np.float32
                 del batch
     assert collate.reused > 0
+
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("chw_items", [False, True])
+def test_normalizing_while_collating_equals_the_per_item_steps_bit_for_bit(
+    layout: str, chw_items: bool
+) -> None:
+    items = images(4)
+    per_item = Compose([ToFloat(), Normalize(MEAN, STD)])
+    expected = ImageCollator(layout=layout)([per_item(0, image) for image in items])
+    if chw_items:
+        items = [ToCHW()(0, image) for image in items]
+    fused = ImageCollator(layout=layout, mean=MEAN, std=STD)
+    batch = fused(items)
+    assert batch.dtype == np.float32
+    assert batch.flags.c_contiguous
+    assert np.array_equal(batch, expected)
+    # float items are normalized only (no division by 255), as Normalize alone does
+    floats = [ToFloat()(0, image) for image in items]
+    normalized = [Normalize(MEAN, STD)(0, image) for image in floats]
+    assert np.array_equal(fused(floats), ImageCollator(layout=layout)(normalized))
+
+
+def test_normalizing_while_collating_through_the_loader() -> None:
+    """A uint8 chain and a normalizing collator give the batches of the float chain."""
+    crop: list[Transform] = [Decode(), RandomResizedCrop((32, 40)), RandomHorizontalFlip()]
+    settings: dict[str, Any] = {"batch_size": 8, "num_workers": 2, "seed": 3}
+    with DataLoader(
+        EncodedImages(24),
+        transform=Compose([*crop, ToFloat(), Normalize(MEAN, STD), ToCHW()]),
+        collate_fn=ImageCollator(),
+        **settings,
+    ) as loader:
+        expected = [batch.copy() for batch in loader]
+    collate = ImageCollator(mean=MEAN, std=STD, buffers=2)
+    with DataLoader(
+        EncodedImages(24), transform=Compose(crop), collate_fn=collate, **settings
+    ) as loader:
+        got = [batch.copy() for batch in loader]
+    assert len(got) == len(expected) == 3
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.shape == (8, 3, 32, 40)
+        assert np.array_equal(mine, theirs)
+
+
+def test_normalizing_settings_and_items_are_checked() -> None:
+    with pytest.raises(ValueError, match="both mean and std"):
+        ImageCollator(mean=MEAN)
+    with pytest.raises(ValueError, match="ImageCollator: std must not be zero"):
+        ImageCollator(mean=MEAN, std=[0.2, 0.0, 0.2])
+    with pytest.raises(ValueError, match=r"ImageCollator: mean .* equal-length"):
+        ImageCollator(mean=MEAN, std=[0.2, 0.2])
+    with pytest.raises(ValueError, match="float32, got dtype"):
+        ImageCollator(mean=MEAN, std=STD, dtype=np.float16)
+    collate = ImageCollator(mean=MEAN, std=STD)
+    assert "mean=[0.48" in repr(collate)
+    assert "std=[0.22" in repr(collate)
+    with pytest.raises(ValueError, match="3 channels' mean and std, the images 1"):
+        collate([np.zeros((4, 4, 1), np.uint8)])
+    with pytest.raises(TypeError, match="uint8 or float images"):
+        collate([np.zeros((4, 4, 3), np.int32)])

@@ -9,6 +9,21 @@ import numpy as np
 
 from ._image import CHWImage, Image, check_image
 
+Vector = np.ndarray[Any, np.dtype[np.float32]]
+
+
+def channel_stats(
+    owner: str, mean: Sequence[float], std: Sequence[float]
+) -> tuple[Vector, Vector, Vector]:
+    """``mean``, ``std`` and ``1 / std`` as float32 vectors, checked; errors name ``owner``."""
+    mean_array = np.asarray(mean, dtype=np.float32)
+    std_array = np.asarray(std, dtype=np.float32)
+    if mean_array.shape != std_array.shape or mean_array.ndim != 1:
+        raise ValueError(f"{owner}: mean {mean!r} and std {std!r} must be equal-length lists")
+    if np.any(std_array == 0):
+        raise ValueError(f"{owner}: std must not be zero, got {std!r}")
+    return mean_array, std_array, (1 / std_array).astype(np.float32)
+
 
 class ToFloat:
     """A uint8 image (HWC or CHW) to float32 in ``[0, 1]``."""
@@ -32,13 +47,7 @@ class Normalize:
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.mean = np.asarray(mean, dtype=np.float32)
-        self.std = np.asarray(std, dtype=np.float32)
-        if self.mean.shape != self.std.shape or self.mean.ndim != 1:
-            raise ValueError(f"Normalize: mean {mean!r} and std {std!r} must be equal-length lists")
-        if np.any(self.std == 0):
-            raise ValueError(f"Normalize: std must not be zero, got {std!r}")
-        self._scale = (1 / self.std).astype(np.float32)
+        self.mean, self.std, self._scale = channel_stats("Normalize", mean, std)
 
     def __call__(self, index: int, item: Any) -> Image:
         """Normalize ``item``."""
@@ -50,7 +59,10 @@ class Normalize:
                 f"Normalize has {len(self.mean)} channels' mean and std, the image {channels}"
             )
         shape = (-1, 1, 1) if chw else (1, 1, -1)
-        out: Image = (np.asarray(image) - self.mean.reshape(shape)) * self._scale.reshape(shape)
+        # One new array, scaled in place: the same values as ``(image - mean) * scale``
+        # without a second image-sized temporary.
+        out: Image = np.subtract(np.asarray(image), self.mean.reshape(shape))
+        np.multiply(out, self._scale.reshape(shape), out=out)
         return out.view(CHWImage) if chw else out
 
     def __repr__(self) -> str:
