@@ -299,3 +299,55 @@ def test_a_sequential_epoch_is_not_built_whole_before_its_first_batch() -> None:
         iterator = iter(loader)
         assert next(iterator) == [data[i] for i in range(4)]
         assert len(loader) == 250_000
+
+
+def test_a_batch_fetched_whole_spreads_its_transforms_over_the_cpu_threads() -> None:
+    # Items 0 and 4 each begin a half of the first batch: they meet at the barrier only if
+    # both halves run at once, on the two CPU threads.
+    meet = threading.Barrier(2, timeout=10)
+    threads: dict[int, set[str]] = {}
+
+    def transform(index: int, item: int) -> int:
+        threads.setdefault(index // 8, set()).add(threading.current_thread().name)
+        if index in (0, 4):
+            meet.wait()
+        return item * 10
+
+    with DataLoader(
+        SyncData(40), batch_size=8, transform=transform, num_workers=1, cpu_threads=2
+    ) as loader:
+        batches = [[int(i) for i in batch] for batch in loader]
+    assert batches == [[i * 10 for i in range(s, s + 8)] for s in range(0, 40, 8)]
+    assert len(threads[0]) == 2
+    # Cheap transforms are not split once the epoch has timed them: a hop would cost more.
+    assert all(len(threads[batch]) == 1 for batch in range(1, 5))
+
+
+@pytest.mark.parametrize("errors", ["raise", "skip"])
+def test_a_batch_split_over_threads_fails_by_its_first_failure_or_skips_in_order(
+    errors: str,
+) -> None:
+    def transform(index: int, item: int) -> int:
+        if index in (1, 6):  # one in each half of the first batch
+            raise ValueError(f"item {index}")
+        return item
+
+    with DataLoader(
+        SyncData(16),
+        batch_size=8,
+        transform=transform,
+        num_workers=1,
+        cpu_threads=2,
+        errors=errors,
+    ) as loader:
+        got: list[object] = []
+        iterator = iter(loader)
+        for _ in range(2):
+            try:
+                got.append([int(i) for i in next(iterator)])
+            except ValueError as error:
+                got.append(str(error))
+    if errors == "raise":
+        assert got == ["item 1", list(range(8, 16))]
+    else:
+        assert got == [[0, 2, 3, 4, 5, 7], list(range(8, 16))]
