@@ -76,8 +76,9 @@ class DataLoader:
         item_concurrency: Items of one batch fetched at once. Requests in flight are
             ``max(num_workers, 1) * item_concurrency``; for throughput prefer more batches of
             a few lanes (4) to few batches of many, for a sooner first batch more lanes
-            (``docs/settings.md``). At 1 a sync dataset's batch is fetched in one call, and
-            its transforms are split over the CPU threads when they take milliseconds.
+            (``docs/settings.md``). At 1 a batch of a sync dataset (or of an async one with
+            ``__getitems__``) is fetched in one call, and its transforms are split over the CPU
+            threads when they take milliseconds.
         prefetch_depth: Finished batches that may wait for the consumer, at least 1.
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` waits forever.
