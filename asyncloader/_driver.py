@@ -289,6 +289,10 @@ async def _fetch_one_lane(work: Work, indices: list[int]) -> list[Any]:
     return fetch.result()
 
 
+_Part = tuple[list[int], list[Any]]
+"""The kept indices and transformed items of part of a batch."""
+
+
 class _Split:
     """A batch fetched whole, its transforms split into CPU jobs; the job that ends last
     collates, so that the batch never waits in the queue behind another batch's jobs."""
@@ -298,27 +302,19 @@ class _Split:
         self.indices = indices
         self.items = items
         size = -(-len(items) // parts)
-        self.starts = range(0, len(items), size)
-        self.size = size
-        self.results: list[tuple[list[int], list[Any]] | BaseException | None] = [None] * len(
-            self.starts
-        )
-        self.left = len(self.starts)
+        self.parts = [slice(start, start + size) for start in range(0, len(items), size)]
+        self.results: list[_Part | BaseException | None] = [None] * len(self.parts)
+        self.left = len(self.parts)
         self.lock = threading.Lock()
 
     def run(self, part: int) -> Batch | None:
         """Transform part ``part``; the last part to end collates (or raises the first
         failure by position) and returns the batch, the others ``None``."""
-        start, end = self.starts[part], self.starts[part] + self.size
-        work = self.work
-        result: tuple[list[int], list[Any]] | BaseException
+        where, work = self.parts[part], self.work
+        result: _Part | BaseException
         try:
             result = transform_items(
-                self.indices[start:end],
-                self.items[start:end],
-                work.transform,
-                work.recorder,
-                work.skipper,
+                self.indices[where], self.items[where], work.transform, work.recorder, work.skipper
             )
         except BaseException as error:
             result = error
@@ -343,7 +339,7 @@ async def _transform_in_parts(
 ) -> Batch:
     """Transform and collate a batch fetched whole in ``parts`` CPU jobs at once."""
     split = _Split(work, indices, items, parts)
-    jobs = (work.on_cpu(split.run, part) for part in range(len(split.starts)))
+    jobs = (work.on_cpu(split.run, part) for part in range(len(split.parts)))
     done: list[Batch | None] = await asyncio.gather(*jobs)
     return next(batch for batch in done if batch is not None)
 
