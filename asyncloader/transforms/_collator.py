@@ -200,7 +200,11 @@ def _normalize_into(
     """Write ``source`` normalized into ``out`` (float32): the steps of ``ToFloat`` and
     ``Normalize``, in their order and precision, so the values are theirs bit for bit."""
     if source.dtype == np.uint8:
-        np.divide(source, np.float32(255), out=out, dtype=np.float32)
+        # Cast first, then divide in place: the same values, and ~12% faster for an HWC image
+        # into CHW (119 against 136 us a 224x224 image, interleaved runs): the strided read
+        # is a plain cast, and the division runs on contiguous float32.
+        np.copyto(out, source, casting="unsafe")
+        np.divide(out, np.float32(255), out=out)
     elif np.issubdtype(source.dtype, np.floating):
         np.copyto(out, source, casting="same_kind")
     else:
