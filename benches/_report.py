@@ -251,7 +251,9 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
             '"batches held" keeps each batch of 16 alive until the next, as a training step '
             'does. "freed memory kept": run with glibc\'s `MALLOC_MMAP_THRESHOLD_=33554432` and '
             "`MALLOC_TRIM_THRESHOLD_=1073741824` (docs/settings.md), so that freed batches' "
-            "memory is reused rather than given back and faulted in again. SPDL: a read stage "
+            "memory is reused rather than given back and faulted in again; the loader then "
+            "runs the settings guide's choice for it, `num_workers=2`, `item_concurrency=1`. "
+            "SPDL: a read stage "
             "with concurrency 4; torch: 2 worker processes.\n\n"
             + _table(rows, list(rows), "MiB/s", extra)
         )
