@@ -6,7 +6,8 @@ RandomResizedCrop(224) -> RandomHorizontalFlip, then ToFloat -> Normalize -> ToC
 while collating (``ImageCollator(mean=..., std=...)``) or per item (torch runs the same code
 per item, as torchvision cannot be installed beside this machine's torch wheel). Run as a
 script, it times the collation of a 64x3x224x224 float32 batch into fresh memory and into
-reused buffers.
+reused buffers, and how the chain with its normalizing collation scales over two threads
+and over two processes (no GIL between them), without a loader: what bounds (c).
 
 Run: ``.venv/bin/python benches/bench_images.py [--repeats R]``.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
+import threading
 import time
 from typing import Any
 
@@ -33,7 +36,7 @@ from asyncloader.transforms import (
     ToFloat,
 )
 
-from _common import interleave, median, save
+from _common import interleave, median, save, timed
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -100,6 +103,48 @@ class TorchJpegs(Jpegs):
         return torch.from_numpy(np.ascontiguousarray(image))
 
 
+def _crop_and_collate(jpegs: list[bytes], start: int, stop: int) -> int:
+    """The suite's (c) on ``jpegs[start:stop]``, batch 64, in the calling thread."""
+    transform, collate = crop_chain(), normalizing_collator()
+    for first in range(start, stop, 64):
+        collate([transform(i, jpegs[i]) for i in range(first, min(first + 64, stop))])
+    return stop - start
+
+
+_JPEGS: list[bytes] = []
+"""The images, set before the processes fork so that each inherits them."""
+
+
+def _half(bounds: tuple[int, int]) -> int:
+    return _crop_and_collate(_JPEGS, *bounds)
+
+
+def scaling(repeats: int) -> dict[str, list[float]]:
+    """Images/s of (c)'s chain and collation: one thread, two threads, two processes."""
+    _JPEGS[:] = make_jpegs(1000)
+    count = len(_JPEGS)
+    halves = [(0, count // 2), (count // 2, count)]
+
+    def two_threads() -> int:
+        threads = [threading.Thread(target=_half, args=(half,)) for half in halves]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return count
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_half, [(0, 64), (64, 128)])  # both processes warm
+        return interleave(
+            {
+                "one thread": lambda: timed(lambda: _half((0, count))),
+                "two threads": lambda: timed(two_threads),
+                "two processes": lambda: timed(lambda: sum(pool.map(_half, halves))),
+            },
+            repeats,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,7 +172,20 @@ def main() -> None:
     print("\n### Collating 64x3x224x224 float32 (ms per batch)\n")
     for name, value in collation_medians.items():
         print(f"- {name}: {value:.2f} ms")
-    path = save("images", {"collate_ms": collation, "collate_medians_ms": collation_medians})
+    rates = scaling(args.repeats)
+    rate_medians = {name: median(values) for name, values in rates.items()}
+    print("\n### Crop chain and normalizing collation, no loader (images/s)\n")
+    for name, value in rate_medians.items():
+        print(f"- {name}: {value:,.0f} ({value / 2 / rate_medians['one thread']:.2f} of 2x one)")
+    path = save(
+        "images",
+        {
+            "collate_ms": collation,
+            "collate_medians_ms": collation_medians,
+            "scaling_per_s": rates,
+            "scaling_medians_per_s": rate_medians,
+        },
+    )
     print(f"\nresults: {path}")
 
 
