@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import struct
+import subprocess
+import sys
 import zlib
 from typing import Any
 
@@ -273,3 +275,24 @@ def test_shuffled_epochs_augment_each_index_the_same_way() -> None:
 
     plain, shuffled = by_index(), by_index(shuffle=True, num_workers=2)
     assert all(np.array_equal(plain[i], shuffled[i]) for i in range(12))
+
+
+def test_a_built_chain_imports_nothing_when_it_runs(tmp_path: Any) -> None:
+    """Pillow (with its common formats) and numpy.random are imported when the steps are
+    built, not by the first item on a CPU thread: an import there holds the GIL for
+    milliseconds inside the first batch."""
+    image = tmp_path / "image.png"
+    image.write_bytes(encode(picture(40, 60), "PNG"))
+    script = f"""
+import sys
+from asyncloader.transforms import Compose, Decode, RandomHorizontalFlip, RandomResizedCrop
+chain = Compose([Decode(), RandomResizedCrop(24), RandomHorizontalFlip()])
+before = set(sys.modules)
+with open({str(image)!r}, "rb") as file:
+    assert chain(0, file.read()).shape == (24, 24, 3)
+print(sorted(set(sys.modules) - before))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._image import Image, describe
+from ._image import Image, describe, pillow
 
 DEFAULT_MAX_PIXELS: Final = 89_478_485
 """Pillow's own bomb limit: about 9,459 x 9,459 pixels."""
@@ -23,14 +23,6 @@ try:
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - the fallback is Pillow
     _simplejpeg = None
-
-
-def _pil() -> Any:
-    try:
-        from PIL import Image as PILImage
-    except ImportError as error:
-        raise ImportError("Decode needs Pillow: pip install asyncloader[images]") from error
-    return PILImage
 
 
 class Decode:
@@ -55,6 +47,9 @@ class Decode:
                 raise ValueError(f"Decode: {name} must be a positive int or None, got {value!r}")
         self.max_pixels = max_pixels
         self.max_bytes = max_bytes
+        # Pillow and its common formats' plugins (imported by its first open otherwise, ~10 ms)
+        # are loaded now, not inside the first batch; and a missing Pillow fails here.
+        pillow("Decode").preinit()
 
     def __call__(self, index: int, item: Any) -> Image:
         """Decode ``item`` (any bytes-like object)."""
@@ -94,7 +89,7 @@ class Decode:
         return image if image.ndim == 3 else image[:, :, None]
 
     def _pillow(self, index: int, data: memoryview) -> Image:
-        pil = _pil()
+        pil = pillow("Decode")
         try:
             with pil.open(io.BytesIO(data)) as opened:  # reads the header only
                 width, height = opened.size

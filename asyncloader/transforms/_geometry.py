@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._image import Image, check_image, generator, pair
+from ._image import Image, check_image, generator, pair, pillow
 
 _FILTERS: Final = {"bilinear": 2, "bicubic": 3, "nearest": 0}
 """Pillow's resampling filter numbers (Image.Resampling)."""
@@ -26,12 +26,10 @@ def _filter(interpolation: str) -> int:
 
 def resize(image: Image, height: int, width: int, resample: int) -> Image:
     """``image`` resized to ``height`` x ``width`` with a Pillow filter."""
-    from PIL import Image as PILImage
-
     if image.shape[:2] == (height, width):
         return image
     channels = image.shape[2]
-    source = PILImage.fromarray(image[:, :, 0] if channels == 1 else image)
+    source = pillow("resize").fromarray(image[:, :, 0] if channels == 1 else image)
     out = np.asarray(source.resize((width, height), resample))
     return out if out.ndim == 3 else out[:, :, None]
 
@@ -61,6 +59,7 @@ class Resize:
         self.target = pair("Resize size", size)
         self.interpolation = interpolation
         self.resample = _filter(interpolation)
+        pillow("Resize")  # imported now, not inside the first batch; fails here without Pillow
 
     def __call__(self, index: int, item: Any) -> Image:
         """Resize ``item``."""
@@ -197,6 +196,7 @@ class RandomResizedCrop:
         self.interpolation = interpolation
         self.resample = _filter(interpolation)
         self.salt = salt
+        pillow("RandomResizedCrop")  # imported now, not inside the first batch
 
     def __call__(self, index: int, item: Any) -> Image:
         """Crop and resize ``item`` with a box drawn for this item and epoch."""

@@ -11,6 +11,11 @@ from typing import Any
 
 import numpy as np
 
+# NumPy imports its random module on first use: 4-8 ms with the GIL held. Imported here, with
+# the package, so that the first batch's random steps do not import it on a CPU thread while
+# the other threads and the event loop wait for the GIL.
+import numpy.random
+
 from .._augment import epoch_key
 
 Image = np.ndarray[Any, Any]
@@ -52,6 +57,20 @@ def check_image(
         raise TypeError(f"{step} takes a {layout}{kind}image (3-D array), got {describe(value)}")
     assert isinstance(value, np.ndarray)
     return value
+
+
+def pillow(step: str) -> Any:
+    """Pillow's ``Image`` module, imported; an ``ImportError`` naming ``step`` without it.
+
+    The steps that need Pillow call it when they are built, so that a missing Pillow fails
+    there and its import (~20 ms with the GIL held) is not paid inside the first batch.
+    """
+    try:
+        from PIL import Image as PILImage
+        from PIL import ImageFile  # noqa: F401 - what Image.tobytes imports on first use
+    except ImportError as error:
+        raise ImportError(f"{step} needs Pillow: pip install asyncloader[images]") from error
+    return PILImage
 
 
 def generator(index: int, salt: int) -> np.random.Generator:
