@@ -26,10 +26,12 @@ def _filter(interpolation: str) -> int:
 
 def resize(image: Image, height: int, width: int, resample: int) -> Image:
     """``image`` resized to ``height`` x ``width`` with a Pillow filter."""
+    from PIL import Image as PILImage  # imported when the step was built (pillow())
+
     if image.shape[:2] == (height, width):
         return image
     channels = image.shape[2]
-    source = pillow("resize").fromarray(image[:, :, 0] if channels == 1 else image)
+    source = PILImage.fromarray(image[:, :, 0] if channels == 1 else image)
     out = np.asarray(source.resize((width, height), resample))
     return out if out.ndim == 3 else out[:, :, None]
 
