@@ -33,7 +33,14 @@ from asyncloader import (
     default_collate,
 )
 
-from bench_images import Jpegs, TorchJpegs, chain, crop_chain, normalizing_collator
+from bench_images import (
+    Jpegs,
+    TorchJpegs,
+    chain,
+    crop_chain,
+    normalizing_collator,
+    two_processes,
+)
 
 Spec = dict[str, Any]
 
@@ -265,6 +272,11 @@ def images(system: str, spec: Spec) -> dict[str, Any]:
                 normalizing_collator(),
             )
         )
+    elif system == "plain loop, 2 processes":  # what both cores give at this time, no GIL
+        with two_processes(jpegs) as in_processes:
+            started = time.perf_counter()
+            count = in_processes()
+        return {"per_s": count / (time.perf_counter() - started), "first_batch_s": None}
     else:  # the limit's measure: the chain in a plain loop on one core
         transform = crop_chain()
         collate = normalizing_collator()
