@@ -117,18 +117,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     def sample() -> None:
         # RSS every 10 ms from the known processes (10 us a read); the process tree (a scan
-        # of all of /proc, ~0.9 ms here) every 100 ms; PSS every PSS_TICKS: a read walks the
-        # process's page tables, 2.6 ms for one with torch loaded, and every 100 ms that took
-        # ~8% of a core from three-process systems, which need both cores.
+        # of all of /proc, ~0.9 ms here) every 100 ms; PSS every PSS_TICKS, and at most every
+        # 100 ms while the RSS climbs past 5% over its last PSS read (so that a run shorter
+        # than PSS_TICKS has its peak read too): a read walks the process's page tables,
+        # 2.6 ms for one with torch loaded, and every 100 ms that took ~8% of a core from
+        # three-process systems, which need both cores.
         ticks = 0
         pids: list[int] = []
+        pss_tick, pss_rss = 0, 0
         while process.poll() is None:
             if ticks % 10 == 0:
                 pids = _tree(process.pid)
             rss = _rss(pids)
             peaks["rss"] = max(peaks["rss"], rss)
-            if ticks % PSS_TICKS == 0:
+            climbed = rss > 1.05 * pss_rss and ticks - pss_tick >= 10
+            if ticks % PSS_TICKS == 0 or climbed:
                 peaks["pss"] = max(peaks["pss"], _pss(pids))
+                pss_tick, pss_rss = ticks, rss
             if ticks % 10 == 0:
                 timeline.append((round(time.perf_counter() - started, 2), round(rss / 2**20)))
             ticks += 1
