@@ -35,6 +35,9 @@ class Decode:
         max_pixels: Images with more pixels are refused before decoding (decompression
             bombs), with a ``ValueError``. ``None``: no limit.
         max_bytes: Encoded items larger than this are refused. ``None``: no limit.
+
+    Raises:
+        ImportError: Pillow is not installed (when the step is built).
     """
 
     def __init__(

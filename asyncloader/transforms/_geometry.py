@@ -53,6 +53,9 @@ class Resize:
         size: An int: the shorter side becomes ``size``, the aspect ratio is kept (the longer
             side is truncated, as torchvision does). A ``(height, width)`` pair: that size.
         interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"``.
+
+    Raises:
+        ImportError: Pillow is not installed (when the step is built).
     """
 
     def __init__(self, size: int | tuple[int, int], interpolation: str = "bilinear") -> None:
@@ -180,6 +183,9 @@ class RandomResizedCrop:
         ratio: The range of the crop's aspect ratio (width / height).
         interpolation: ``"bilinear"`` (default), ``"bicubic"`` or ``"nearest"``.
         salt: Distinguishes this step's draws from another random step's of the same class.
+
+    Raises:
+        ImportError: Pillow is not installed (when the step is built).
     """
 
     def __init__(
