@@ -36,8 +36,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncloader._demo import serve_samples
+
 from _common import RESULTS, save
-from _server import lean_server
 
 HERE = Path(__file__).parent
 DOCS = HERE.parent / "docs"
@@ -229,7 +230,8 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
             )
         )
     if "b" in only:
-        url = stack.enter_context(lean_server(LATENCY_S, 16 * 1024))
+        # 16 KiB items: 4,096 float32 each, from the demo's lean server.
+        url = stack.enter_context(serve_samples(LATENCY_S, 16 * 1024 // 4))
         runs = []
         for in_flight in IN_FLIGHT:
             items = int(in_flight / LATENCY_S * 3)  # 3 s at the limit
