@@ -121,27 +121,29 @@ def _half(bounds: tuple[int, int]) -> int:
     return crop_and_collate(_JPEGS, *bounds)
 
 
+def _halves(count: int) -> list[tuple[int, int]]:
+    return [(0, count // 2), (count // 2, count)]
+
+
 @contextmanager
 def two_processes(jpegs: list[bytes]) -> Iterator[Callable[[], int]]:
     """Two forked processes, started and warm; yields a function that runs (c) on half of
     ``jpegs`` in each and returns how many it ran: what two cores give with no GIL."""
     _JPEGS[:] = jpegs
-    count = len(jpegs)
-    halves = [(0, count // 2), (count // 2, count)]
     with multiprocessing.get_context("fork").Pool(2) as pool:
         pool.map(_half, [(0, 64), (64, 128)])
-        yield lambda: sum(pool.map(_half, halves))
+        yield lambda: sum(pool.map(_half, _halves(len(jpegs))))
 
 
 def scaling(repeats: int) -> dict[str, list[float]]:
     """Images/s of (c)'s chain and collation: one thread, two threads, two processes."""
     jpegs = make_jpegs(1000)
     count = len(jpegs)
-    halves = [(0, count // 2), (count // 2, count)]
 
     def two_threads() -> int:
         threads = [
-            threading.Thread(target=crop_and_collate, args=(jpegs, *half)) for half in halves
+            threading.Thread(target=crop_and_collate, args=(jpegs, *half))
+            for half in _halves(count)
         ]
         for thread in threads:
             thread.start()
