@@ -6,10 +6,13 @@ oldest task, takes a prefetch permit, and only then forgets the task and hands i
 a finished batch that waits for a permit still counts as one of the running tasks, so no batch
 is ever started further than ``batch_tasks + prefetch_depth`` past the consumer.
 
-A batch task fetches its items (one ``get_batch`` call, or the ``item_concurrency`` lanes of its
-slot, which live for the epoch: each fetches an item, transforms it on the CPU pool as soon as
-it arrives, and takes the next), then collates on the CPU pool. A batch fetched whole is
-transformed in one CPU job per thread when its transforms are worth a hop (``_Split``).
+A batch task fetches its items, then collates on the CPU pool. An async dataset's items come
+from one ``__getitems__`` call or from the ``item_concurrency`` lanes of the task's slot, which
+live for the epoch: each fetches an item, transforms it on the CPU pool as soon as it arrives,
+and takes the next. A sync dataset's come from one call on an I/O thread, or from
+``item_concurrency`` lanes that each run on an I/O thread, taking item after item with no hop
+back to the loop. A batch fetched whole is transformed in one CPU job per thread when its
+transforms are worth a hop (``_Split``).
 Failures become :class:`Failure` values; cancellation cancels every task and waits for them, so
 requests in flight are cancelled, not completed. Under ``errors="skip"`` a failing item is
 dropped from its batch instead (see :mod:`._skip`).
@@ -178,7 +181,17 @@ class _Fetch:
     """One batch's items as its lanes fetch them: the next position to take, the results,
     the failures, and the lanes still at work."""
 
-    __slots__ = ("done", "errors", "indices", "items", "lanes", "position", "positions")
+    __slots__ = (
+        "done",
+        "errors",
+        "indices",
+        "items",
+        "lanes",
+        "lock",
+        "position",
+        "positions",
+        "stopped",
+    )
 
     def __init__(self, indices: list[int], lanes: int, position: int = 0) -> None:
         self.indices = indices
@@ -189,6 +202,15 @@ class _Fetch:
         self.errors: list[tuple[int, BaseException]] = []
         self.lanes = lanes
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lock = threading.Lock()
+        """Guards ``positions`` for lanes on threads."""
+        self.stopped = False
+        """Set when the batch is cancelled: lanes on threads take no more items."""
+
+    def next_position(self) -> int | None:
+        """The next position for a lane on a thread to fetch, or ``None``."""
+        with self.lock:
+            return next(self.positions, None)
 
     def result(self) -> list[Any]:
         """The items in order, or the first failure by position."""
@@ -233,6 +255,49 @@ async def _run_lane(work: Work, fetch: _Fetch) -> None:
             errors.append((position, error))
             return
         items[position] = item
+
+
+def _pull(work: Work, fetch: _Fetch) -> None:
+    """A lane on an I/O thread: fetch a sync dataset's items for the batch's next positions,
+    on this thread, until none is left.
+
+    :func:`_run_lane` for a sync dataset, without its two thread hops per item (to the I/O
+    pool and back to the loop): a batch costs one hop per lane. The transforms run after,
+    as for a batch fetched whole, so they still run on the CPU pool.
+    """
+    dataset, recorder, skipper = work.source.dataset, work.recorder, work.skipper
+    indices, items, errors = fetch.indices, fetch.items, fetch.errors
+    while not (errors or fetch.stopped):
+        position = fetch.next_position()
+        if position is None:
+            return
+        index = indices[position]
+        started = recorder.fetch_started(1)
+        try:
+            item = fetch_item(dataset, index)
+        except BaseException as error:
+            recorder.fetch_done(started, None, 1)
+            if skipper is not None and isinstance(error, Exception):
+                try:
+                    skipper.skip(index, error)
+                    continue
+                except Exception as over_budget:
+                    error = over_budget
+            errors.append((position, error))
+            return
+        recorder.item_done(started, item)
+        items[position] = item
+
+
+async def _fetch_on_threads(work: Work, indices: list[int]) -> list[Any]:
+    """A sync dataset's batch, fetched by up to ``item_concurrency`` lanes on I/O threads."""
+    assert work.source.io is not None
+    fetch = _Fetch(indices, min(work.item_concurrency, len(indices)))
+    try:
+        await asyncio.gather(*(work.source.io.run(_pull, work, fetch) for _ in range(fetch.lanes)))
+    finally:
+        fetch.stopped = True  # cancelled: the lanes still running take no more items
+    return fetch.result()
 
 
 class Lanes:
@@ -363,12 +428,14 @@ async def process_batch(
 
     ``position`` (the batch's place in the epoch) is the priority of its pool jobs: older
     batches, which the consumer will take first, get the threads first. ``lanes``: the
-    slot's lanes when ``item_concurrency > 1``.
+    slot's lanes for an async dataset when ``item_concurrency > 1``.
     """
     priority.set(position)  # this task's own context: its jobs only
     try:
         batch: Batch
-        if work.item_concurrency == 1 and work.source.fetches_whole_batches:
+        if work.item_concurrency > 1 and work.source.io is not None:
+            items = await _fetch_on_threads(work, indices)
+        elif work.item_concurrency == 1 and work.source.fetches_whole_batches:
             try:
                 items = await _fetch_whole(work, indices)
             except Exception:
@@ -378,17 +445,19 @@ async def process_batch(
                 items = await _fetch_one_lane(work, indices)
                 batch = await work.on_cpu(work.collate_only, indices, items)
                 return batch
-            parts = work.parts(len(indices))
-            if parts == 1:  # one job: transform and collate
-                batch = await work.on_cpu(work.finish, indices, items)
-                return batch
-            batch = await _transform_in_parts(work, indices, items, parts)
+        else:  # the lanes transform each item as it arrives
+            if lanes is None:
+                items = await _fetch_one_lane(work, indices)
+            else:
+                items = await lanes.fetch(indices, position)
+            batch = await work.on_cpu(work.collate_only, indices, items)
             return batch
-        if lanes is None:
-            items = await _fetch_one_lane(work, indices)
-        else:
-            items = await lanes.fetch(indices, position)
-        batch = await work.on_cpu(work.collate_only, indices, items)
+        # A batch fetched whole: its transforms, then its collation.
+        parts = work.parts(len(indices))
+        if parts == 1:  # one job: transform and collate
+            batch = await work.on_cpu(work.finish, indices, items)
+            return batch
+        batch = await _transform_in_parts(work, indices, items, parts)
         return batch
     except asyncio.CancelledError:
         raise
@@ -408,7 +477,8 @@ async def drive(work: Work, batches: Sequence[list[int]], handoff: Handoff) -> N
     recorder = work.recorder
     slots: list[Lanes] = []
     try:
-        if work.item_concurrency > 1:  # made here, so that the lanes inherit the context
+        if work.item_concurrency > 1 and work.source.io is None:  # made here, so that the
+            # lanes inherit the context
             slots = [Lanes(work) for _ in range(min(work.batch_tasks, len(batches)))]
         while True:
             while started < len(batches) and len(running) < work.batch_tasks:
