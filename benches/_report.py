@@ -253,7 +253,8 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         out.append(
             "### (e) Large files: 64 × 4 MiB, each read 8 times, page cache warm\n\n"
             "asyncloader: `FileDataset`, batch 16; read into fresh memory (the default) with "
-            "`num_workers=1`, `item_concurrency=2` (one batch at a time, on both cores), or "
+            "`num_workers=1`, `item_concurrency=2` (one batch at a time, its two lanes on "
+            "both cores, each a job on an I/O thread that reads file after file), or "
             "mapped (`mmap=True`: each item a read-only map of the file's cached pages, "
             "populated when mapped, no copy) with `num_workers=2`, `item_concurrency=1` (each "
             "batch one job on the I/O threads). "
@@ -261,8 +262,8 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
             '"batches held" keeps each batch of 16 alive until the next, as a training step '
             'does. "freed memory kept": run with glibc\'s `MALLOC_MMAP_THRESHOLD_=33554432` and '
             "`MALLOC_TRIM_THRESHOLD_=1073741824` (docs/settings.md), so that freed batches' "
-            "memory is reused rather than given back and faulted in again; the loader then "
-            "runs the settings guide's choice for it, `num_workers=2`, `item_concurrency=1`. "
+            "memory is reused rather than given back and faulted in again (the loader with "
+            "the same settings). "
             "SPDL: a read stage "
             "with concurrency 4; torch: 2 worker processes.\n\n"
             + _table(rows, list(rows), "MiB/s", extra)

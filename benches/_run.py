@@ -379,14 +379,12 @@ def files(system: str, spec: Spec) -> dict[str, Any]:
     if system.startswith("asyncloader"):
         mapped = system.endswith("mmap=True")
         data = FileDataset(names, root=folder, mmap=mapped)
-        # Reads: one batch at a time, its two lanes on both cores, so the first batch's fresh
-        # memory is faulted in on both (~25 ms, not ~37 as one job each for two batches; the
-        # rate within noise). Maps, cheap per item: two batches in work, one job each (1.25x
-        # one batch at a time in side runs: the hop between batches shows). A spec can set
-        # both (the settings guide's choice with freed memory kept: two one-job batches).
+        # Reads: one batch at a time, its two lanes (each a job on an I/O thread, taking file
+        # after file) on both cores, so the first batch's fresh memory is faulted in on both:
+        # ~20 ms, not 36-48 as one job each for two batches, at the same rate with freed
+        # memory kept or not (side runs). Maps, cheap per item: two batches in work, one job
+        # each (1.1-1.2x one batch of two lanes in side runs).
         workers, lanes = (2, 1) if mapped else (1, 2)
-        workers = spec.get("num_workers", workers)
-        lanes = spec.get("item_concurrency", lanes)
         clock = Clock()
         with DataLoader(
             data, batch_size=16, collate_fn=list, num_workers=workers, item_concurrency=lanes

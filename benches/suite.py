@@ -289,11 +289,9 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         runs = [{**base, "system": s} for s in readers]
         # The settings guide's allocator setting for large items, given to each system that
         # keeps batches alive: glibc then reuses freed batches' memory instead of returning
-        # it to the kernel and faulting fresh pages in for the next batch. The loader runs the
-        # guide's choice with it, two batches of one job each (side runs: 1.04 of the plain
-        # loop against 0.89 with one batch of two lanes).
+        # it to the kernel and faulting fresh pages in for the next batch.
         kept = {**base, "env": KEEP_FREED_MEMORY}
-        runs.append({**kept, "system": "asyncloader", "num_workers": 2, "item_concurrency": 1})
+        runs.append({**kept, "system": "asyncloader"})
         runs.append({**kept, "system": "plain loop, batches held"})
         runs.append({**base, "system": "torch", "num_workers": 2})
         workloads.append(("e", runs))
