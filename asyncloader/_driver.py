@@ -31,16 +31,14 @@ from typing import Any, Protocol
 from ._augment import epoch_key
 from ._handoff import END, Failure
 from ._pool import ThreadPool, priority
-from ._skip import Skipper
+from ._skip import SKIPPED, Skipper
 from ._source import Source, fetch_batch, fetch_item
 from ._stats import Recorder, current
+from ._thread_lanes import ThreadLanes
 from ._transform import Transform
 
 Batch = tuple[list[int], Any]
 """A finished batch with the indices of its items."""
-
-SKIPPED = object()
-"""Stands for an item dropped by ``errors="skip"`` until the batch is collated."""
 
 _SPLIT_S = 0.002
 """A batch fetched whole has its transforms split over the CPU threads when they take at
@@ -181,17 +179,7 @@ class _Fetch:
     """One batch's items as its lanes fetch them: the next position to take, the results,
     the failures, and the lanes still at work."""
 
-    __slots__ = (
-        "done",
-        "errors",
-        "indices",
-        "items",
-        "lanes",
-        "lock",
-        "position",
-        "positions",
-        "stopped",
-    )
+    __slots__ = ("done", "errors", "indices", "items", "lanes", "position", "positions")
 
     def __init__(self, indices: list[int], lanes: int, position: int = 0) -> None:
         self.indices = indices
@@ -202,15 +190,6 @@ class _Fetch:
         self.errors: list[tuple[int, BaseException]] = []
         self.lanes = lanes
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.lock = threading.Lock()
-        """Guards ``positions`` for lanes on threads."""
-        self.stopped = False
-        """Set when the batch is cancelled: lanes on threads take no more items."""
-
-    def next_position(self) -> int | None:
-        """The next position for a lane on a thread to fetch, or ``None``."""
-        with self.lock:
-            return next(self.positions, None)
 
     def result(self) -> list[Any]:
         """The items in order, or the first failure by position."""
@@ -255,49 +234,6 @@ async def _run_lane(work: Work, fetch: _Fetch) -> None:
             errors.append((position, error))
             return
         items[position] = item
-
-
-def _pull(work: Work, fetch: _Fetch) -> None:
-    """A lane on an I/O thread: fetch a sync dataset's items for the batch's next positions,
-    on this thread, until none is left.
-
-    :func:`_run_lane` for a sync dataset, without its two thread hops per item (to the I/O
-    pool and back to the loop): a batch costs one hop per lane. The transforms run after,
-    as for a batch fetched whole, so they still run on the CPU pool.
-    """
-    dataset, recorder, skipper = work.source.dataset, work.recorder, work.skipper
-    indices, items, errors = fetch.indices, fetch.items, fetch.errors
-    while not (errors or fetch.stopped):
-        position = fetch.next_position()
-        if position is None:
-            return
-        index = indices[position]
-        started = recorder.fetch_started(1)
-        try:
-            item = fetch_item(dataset, index)
-        except BaseException as error:
-            recorder.fetch_done(started, None, 1)
-            if skipper is not None and isinstance(error, Exception):
-                try:
-                    skipper.skip(index, error)
-                    continue
-                except Exception as over_budget:
-                    error = over_budget
-            errors.append((position, error))
-            return
-        recorder.item_done(started, item)
-        items[position] = item
-
-
-async def _fetch_on_threads(work: Work, indices: list[int]) -> list[Any]:
-    """A sync dataset's batch, fetched by up to ``item_concurrency`` lanes on I/O threads."""
-    assert work.source.io is not None
-    fetch = _Fetch(indices, min(work.item_concurrency, len(indices)))
-    try:
-        await asyncio.gather(*(work.source.io.run(_pull, work, fetch) for _ in range(fetch.lanes)))
-    finally:
-        fetch.stopped = True  # cancelled: the lanes still running take no more items
-    return fetch.result()
 
 
 class Lanes:
@@ -433,9 +369,7 @@ async def process_batch(
     priority.set(position)  # this task's own context: its jobs only
     try:
         batch: Batch
-        if work.item_concurrency > 1 and work.source.io is not None:
-            items = await _fetch_on_threads(work, indices)
-        elif work.item_concurrency == 1 and work.source.fetches_whole_batches:
+        if work.item_concurrency == 1 and work.source.fetches_whole_batches:
             try:
                 items = await _fetch_whole(work, indices)
             except Exception:
@@ -446,7 +380,9 @@ async def process_batch(
                 batch = await work.on_cpu(work.collate_only, indices, items)
                 return batch
         else:  # the lanes transform each item as it arrives
-            if lanes is None:
+            if work.source.io is not None:  # a sync dataset: lanes on its I/O threads
+                items = await ThreadLanes(work, indices).fetch()
+            elif lanes is None:
                 items = await _fetch_one_lane(work, indices)
             else:
                 items = await lanes.fetch(indices, position)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import logging
 import os
 import sys
 import threading
@@ -25,7 +26,14 @@ from queue import PriorityQueue
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_Job = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future[Any]]
+logger = logging.getLogger("asyncloader")
+_Job = tuple[
+    Callable[..., Any],
+    tuple[Any, ...],
+    asyncio.AbstractEventLoop | None,
+    asyncio.Future[Any] | None,
+]
+"""A job: its function and arguments, and where its result goes (``None``: submitted)."""
 _Entry = tuple[float, int, _Job | None]
 
 priority: contextvars.ContextVar[int] = contextvars.ContextVar("asyncloader_priority", default=0)
@@ -63,7 +71,12 @@ def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Cou
             return
         fn, args, loop, future = job
         del job  # so the user's objects are not kept alive by an idle thread
-        if not future.cancelled():  # a cancelled epoch's queued jobs are skipped
+        if future is None:  # submitted: the job reports its own outcome
+            try:
+                fn(*args)
+            except BaseException:  # a bug of ours: say so, and keep the thread
+                logger.exception("asyncloader: a pool job failed")
+        elif not future.cancelled():  # a cancelled epoch's queued jobs are skipped
             result: Any = None
             error: BaseException | None = None
             try:
@@ -71,6 +84,7 @@ def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Cou
             except BaseException as caught:
                 error = caught
             # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
+            assert loop is not None
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_resolve, future, result, error)
             del result, error
@@ -101,10 +115,25 @@ class ThreadPool:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on a pool thread; cancelling the caller skips a job not yet begun."""
-        if self._closed:
-            raise RuntimeError(f"{self.name} pool is shut down")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._put(fn, args, loop, future)
+        return await future
+
+    def submit(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on a pool thread, from any thread, with the caller's context and
+        priority. Nobody waits for it: ``fn`` reports its own outcome and raises nothing."""
+        self._put(fn, args, None, None)
+
+    def _put(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop | None,
+        future: asyncio.Future[Any] | None,
+    ) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.name} pool is shut down")
         self._counter.add(1)
         # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
         # datasets find the epoch's statistics in it.
@@ -113,7 +142,6 @@ class ThreadPool:
         # A thread that finished a job released `_ready`: reuse it before starting another.
         if not self._ready.acquire(blocking=False):
             self._start_thread()
-        return await future
 
     def _start_thread(self) -> None:
         with self._lock:

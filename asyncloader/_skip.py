@@ -10,6 +10,9 @@ from ._stats import Recorder
 
 logger = logging.getLogger("asyncloader")
 
+SKIPPED = object()
+"""Stands for an item dropped by ``errors="skip"`` until the batch is collated."""
+
 _LISTED = 10
 """Failures listed in the error raised when the budget is exceeded."""
 

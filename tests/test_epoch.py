@@ -216,6 +216,42 @@ def test_a_transform_gets_the_index_and_runs_off_the_consumer_thread() -> None:
     assert all(name.startswith("asyncloader-cpu") for name in threads)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sync_datasets_item_is_transformed_while_its_batch_is_still_fetched(
+    num_workers: int,
+) -> None:
+    # Each item's fetch waits for the transform of the item before it: a loader that
+    # transformed a batch only once all its items were in would never finish one.
+    transformed = [threading.Event() for _ in range(8)]
+    fetched_on: set[str] = set()
+    transformed_on: set[str] = set()
+
+    class Chained(SyncData):
+        def __getitem__(self, index: int) -> int:
+            fetched_on.add(threading.current_thread().name)
+            if index % 4 and not transformed[index - 1].wait(5.0):
+                raise TimeoutError(f"item {index - 1} was not transformed while {index} waited")
+            return super().__getitem__(index)
+
+    def transform(index: int, item: int) -> int:
+        transformed_on.add(threading.current_thread().name)
+        transformed[index].set()
+        return item * 10
+
+    with DataLoader(
+        Chained(8),
+        batch_size=4,
+        transform=transform,
+        num_workers=num_workers,
+        item_concurrency=4,
+    ) as loader:
+        assert [batch.tolist() for batch in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
+    assert fetched_on
+    assert all(name.startswith("asyncloader-io") for name in fetched_on)
+    assert transformed_on
+    assert all(name.startswith("asyncloader-cpu") for name in transformed_on)
+
+
 @pytest.mark.parametrize(("num_workers", "item_concurrency"), [(1, 3), (3, 2), (4, 4)])
 def test_no_batch_has_more_than_item_concurrency_items_in_flight(
     num_workers: int, item_concurrency: int
