@@ -6,13 +6,11 @@ oldest task, takes a prefetch permit, and only then forgets the task and hands i
 a finished batch that waits for a permit still counts as one of the running tasks, so no batch
 is ever started further than ``batch_tasks + prefetch_depth`` past the consumer.
 
-A batch task fetches its items, then collates on the CPU pool. An async dataset's items come
-from one ``__getitems__`` call or from the ``item_concurrency`` lanes of the task's slot, which
-live for the epoch: each fetches an item, transforms it on the CPU pool as soon as it arrives,
-and takes the next. A sync dataset's come from one call on an I/O thread, or from
-``item_concurrency`` lanes that each run on an I/O thread, taking item after item with no hop
-back to the loop. A batch fetched whole is transformed in one CPU job per thread when its
-transforms are worth a hop (``_Split``).
+A batch task fetches its items, then collates on the CPU pool. With ``item_concurrency == 1`` a
+batch is fetched whole when it can be (one ``__getitems__`` call, or one I/O-pool call for a
+sync dataset) and transformed in one CPU job per thread when its transforms are worth a hop
+(``_Split``). Otherwise its items come from lanes that hand each item to the CPU pool for its
+transform as soon as it arrives (:mod:`._lanes`).
 Failures become :class:`Failure` values; cancellation cancels every task and waits for them, so
 requests in flight are cancelled, not completed. Under ``errors="skip"`` a failing item is
 dropped from its batch instead (see :mod:`._skip`).
@@ -30,11 +28,11 @@ from typing import Any, Protocol
 
 from ._augment import epoch_key
 from ._handoff import END, Failure
+from ._lanes import Lanes, fetch_on_threads, fetch_one_lane
 from ._pool import ThreadPool, priority
 from ._skip import SKIPPED, Skipper
 from ._source import Source, fetch_batch, fetch_item
 from ._stats import Recorder, current
-from ._thread_lanes import ThreadLanes
 from ._transform import Transform
 
 Batch = tuple[list[int], Any]
@@ -175,121 +173,6 @@ class Work:
             self.recorder.add("transform", time.perf_counter() - started)
 
 
-class _Fetch:
-    """One batch's items as its lanes fetch them: the next position to take, the results,
-    the failures, and the lanes still at work."""
-
-    __slots__ = ("done", "errors", "indices", "items", "lanes", "position", "positions")
-
-    def __init__(self, indices: list[int], lanes: int, position: int = 0) -> None:
-        self.indices = indices
-        self.position = position
-        """The batch's place in the epoch: its pool jobs' priority."""
-        self.items: list[Any] = [SKIPPED] * len(indices)
-        self.positions = iter(range(len(indices)))
-        self.errors: list[tuple[int, BaseException]] = []
-        self.lanes = lanes
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def result(self) -> list[Any]:
-        """The items in order, or the first failure by position."""
-        if self.errors:
-            raise min(self.errors, key=lambda pair: pair[0])[1]
-        return self.items
-
-
-async def _run_lane(work: Work, fetch: _Fetch) -> None:
-    """Fetch (and transform) the batch's next positions until none is left.
-
-    After a failure the lanes take no more items; under ``errors="skip"`` a failing item is
-    dropped and the lane goes on.
-    """
-    get, transform, recorder, skipper = work.source.get, work.transform, work.recorder, work.skipper
-    indices, items, errors = fetch.indices, fetch.items, fetch.errors
-    for position in fetch.positions:
-        if errors:
-            return
-        index = indices[position]
-        started = recorder.fetch_started(1)
-        fetched = False
-        try:
-            item = await get(index)
-            recorder.item_done(started, item)
-            fetched = True
-            if transform is not None:
-                item = await work.on_cpu(work.timed_transform, index, item)
-        except asyncio.CancelledError:
-            if not fetched:
-                recorder.fetch_done(started, None, 1)
-            raise
-        except BaseException as error:
-            if not fetched:
-                recorder.fetch_done(started, None, 1)
-            if skipper is not None and isinstance(error, Exception):
-                try:
-                    skipper.skip(index, error)
-                    continue
-                except Exception as over_budget:
-                    error = over_budget
-            errors.append((position, error))
-            return
-        items[position] = item
-
-
-class Lanes:
-    """The ``item_concurrency`` lanes of one batch slot, alive for the whole epoch.
-
-    A batch task hands its batch to its slot's lanes instead of starting lanes of its own:
-    tasks made per batch cost their allocations, and, kept alive across a batch's requests,
-    they set off the cyclic garbage collector (about 10 us per item at 256 in flight, a
-    tenth of the loop thread's time). Batches ``i`` and ``i + batch_tasks`` never run at
-    once (the driver starts one only when the oldest is handed over), so slot ``i %
-    batch_tasks`` is always free for batch ``i``.
-    """
-
-    def __init__(self, work: Work) -> None:
-        self._work = work
-        self._queue: asyncio.Queue[_Fetch] = asyncio.Queue()
-        self._tasks = [
-            asyncio.get_running_loop().create_task(self._lane())
-            for _ in range(work.item_concurrency)
-        ]
-
-    async def fetch(self, indices: list[int], position: int) -> list[Any]:
-        """The batch's items, fetched by up to ``item_concurrency`` of the slot's lanes."""
-        fetch = _Fetch(indices, min(len(self._tasks), len(indices)), position)
-        if not fetch.lanes:
-            return []
-        for _ in range(fetch.lanes):
-            self._queue.put_nowait(fetch)
-        await fetch.done
-        return fetch.result()
-
-    async def _lane(self) -> None:
-        while True:
-            fetch = await self._queue.get()
-            priority.set(fetch.position)  # this lane's jobs belong to this batch now
-            try:
-                await _run_lane(self._work, fetch)
-            finally:
-                fetch.lanes -= 1
-                if fetch.lanes == 0 and not fetch.done.done():
-                    fetch.done.set_result(None)
-
-    async def aclose(self) -> None:
-        """Cancel the lanes (and the requests they have in flight); wait for them."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-async def _fetch_one_lane(work: Work, indices: list[int]) -> list[Any]:
-    """Fetch (and transform) a batch's items one after the other."""
-    fetch = _Fetch(indices, 1)
-    await _run_lane(work, fetch)
-    return fetch.result()
-
-
 _Part = tuple[list[int], list[Any]]
 """The kept indices and transformed items of part of a batch."""
 
@@ -376,14 +259,14 @@ async def process_batch(
                 if work.skipper is None:
                     raise
                 # Find the failing items one by one, and drop just those.
-                items = await _fetch_one_lane(work, indices)
+                items = await fetch_one_lane(work, indices)
                 batch = await work.on_cpu(work.collate_only, indices, items)
                 return batch
         else:  # the lanes transform each item as it arrives
             if work.source.io is not None:  # a sync dataset: lanes on its I/O threads
-                items = await ThreadLanes(work, indices).fetch()
+                items = await fetch_on_threads(work, indices)
             elif lanes is None:
-                items = await _fetch_one_lane(work, indices)
+                items = await fetch_one_lane(work, indices)
             else:
                 items = await lanes.fetch(indices, position)
             batch = await work.on_cpu(work.collate_only, indices, items)

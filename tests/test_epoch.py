@@ -252,6 +252,34 @@ def test_a_sync_datasets_item_is_transformed_while_its_batch_is_still_fetched(
     assert all(name.startswith("asyncloader-cpu") for name in transformed_on)
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_lane_fetches_its_next_item_while_the_last_is_transformed(kind: str) -> None:
+    # The first two items' transforms wait until the batch's last two items are being
+    # fetched: lanes that waited for their items' transforms would never fetch them.
+    fetching = [threading.Event() for _ in range(8)]
+
+    def transform(index: int, item: int) -> int:
+        if index % 4 < 2 and not fetching[index + 2].wait(5.0):
+            raise TimeoutError(f"item {index + 2} was not fetched while {index} was transformed")
+        return item * 10
+
+    class Sync(SyncData):
+        def __getitem__(self, index: int) -> int:
+            fetching[index].set()
+            return super().__getitem__(index)
+
+    class Async(AsyncData):
+        async def __getitem__(self, index: int) -> int:
+            fetching[index].set()
+            return await super().__getitem__(index)
+
+    data = Sync(8) if kind == "sync" else Async(8)
+    with DataLoader(
+        data, batch_size=4, transform=transform, num_workers=2, item_concurrency=2
+    ) as loader:
+        assert [batch.tolist() for batch in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
+
+
 @pytest.mark.parametrize(("num_workers", "item_concurrency"), [(1, 3), (3, 2), (4, 4)])
 def test_no_batch_has_more_than_item_concurrency_items_in_flight(
     num_workers: int, item_concurrency: int
