@@ -4,6 +4,13 @@ Prints one JSON line: items (or bytes) per second, the seconds to the first batc
 before the loader is built, so torch's worker start-up counts) and the item count. Every
 system imports torch first, as a training process does, so that peak memory compares loaders,
 not imports. The suite (``suite.py``) samples this process's memory from outside.
+
+Each run starts from a collected heap (``gc.collect()`` before the clock): after importing
+torch a full collection of the cyclic garbage collector falls due, walks every object of the
+process (about 80 ms here) and lands on whichever system allocates first, in its first batch
+(asyncloader's first image batch: 156-225 ms with it, 46-49 without) or, after the fork, in
+torch's workers (its first image batch: 317-323 ms with one in the parent and one in each
+worker, 164-182 without). Side runs of (c) with 2 threads, 2-3 each.
 """
 
 from __future__ import annotations
@@ -422,6 +429,7 @@ WORKLOADS: dict[str, Callable[[str, Spec], dict[str, Any]]] = {
 
 def main() -> None:
     spec: Spec = json.loads(sys.argv[1])
+    gc.collect()  # no full collection left due from the imports (see above)
     figures = WORKLOADS[spec["workload"]](spec["system"], spec)
     print(json.dumps(figures), flush=True)
     # obstore can abort an interpreter that finalizes with a store alive: leave at once.
