@@ -252,17 +252,8 @@ async def process_batch(
     priority.set(position)  # this task's own context: its jobs only
     try:
         batch: Batch
-        if work.item_concurrency == 1 and work.source.fetches_whole_batches:
-            try:
-                items = await _fetch_whole(work, indices)
-            except Exception:
-                if work.skipper is None:
-                    raise
-                # Find the failing items one by one, and drop just those.
-                items = await fetch_one_lane(work, indices)
-                batch = await work.on_cpu(work.collate_only, indices, items)
-                return batch
-        else:  # the lanes transform each item as it arrives
+        if work.item_concurrency > 1 or not work.source.fetches_whole_batches:
+            # Lanes: each item goes to the CPU pool for its transform as soon as it arrives.
             if work.source.io is not None:  # a sync dataset: lanes on its I/O threads
                 items = await fetch_on_threads(work, indices)
             elif lanes is None:
@@ -271,7 +262,15 @@ async def process_batch(
                 items = await lanes.fetch(indices, position)
             batch = await work.on_cpu(work.collate_only, indices, items)
             return batch
-        # A batch fetched whole: its transforms, then its collation.
+        try:
+            items = await _fetch_whole(work, indices)
+        except Exception:
+            if work.skipper is None:
+                raise
+            # Find the failing items one by one, and drop just those.
+            items = await fetch_one_lane(work, indices)
+            batch = await work.on_cpu(work.collate_only, indices, items)
+            return batch
         parts = work.parts(len(indices))
         if parts == 1:  # one job: transform and collate
             batch = await work.on_cpu(work.finish, indices, items)
