@@ -85,6 +85,20 @@ class BatchFetch:
         with self._lock:
             return next(self._positions, None)
 
+    def started(self) -> float:
+        """A lane begins fetching an item; returns the start time."""
+        return self.work.recorder.fetch_started(1)
+
+    def fetched(self, position: int, started: float, item: Any) -> None:
+        """The item at ``position`` arrived: count it and hand it on (:meth:`arrived`)."""
+        self.work.recorder.item_done(started, item)
+        self.arrived(position, item)
+
+    def fetch_failed(self, position: int, started: float, error: BaseException) -> bool:
+        """The fetch of the item at ``position`` failed: count it; then :meth:`failed`."""
+        self.work.recorder.fetch_done(started, None, 1)
+        return not isinstance(error, asyncio.CancelledError) and self.failed(position, error)
+
     def arrived(self, position: int, item: Any) -> None:
         """The item at ``position`` was fetched: hand it to the CPU pool for its transform."""
         if self.work.transform is None:
@@ -139,41 +153,36 @@ class BatchFetch:
 
 async def run_lane(fetch: BatchFetch) -> None:
     """An async lane: fetch the batch's next positions until none is left (the event loop)."""
-    get, recorder = fetch.work.source.get, fetch.work.recorder
+    get = fetch.work.source.get
     try:
         while (position := fetch.next_position()) is not None:
-            started = recorder.fetch_started(1)
+            started = fetch.started()
             try:
                 item = await get(fetch.indices[position])
-            except asyncio.CancelledError:
-                recorder.fetch_done(started, None, 1)
-                raise
             except BaseException as error:
-                recorder.fetch_done(started, None, 1)
-                if fetch.failed(position, error):
+                if fetch.fetch_failed(position, started, error):
                     continue
+                if isinstance(error, asyncio.CancelledError):
+                    raise
                 return
-            recorder.item_done(started, item)
-            fetch.arrived(position, item)
+            fetch.fetched(position, started, item)
     finally:
         fetch.lane_ended()
 
 
 def thread_lane(fetch: BatchFetch) -> None:
     """A sync lane: fetch the batch's next positions until none is left (an I/O thread)."""
-    dataset, recorder = fetch.work.source.dataset, fetch.work.recorder
+    dataset = fetch.work.source.dataset
     try:
         while (position := fetch.next_position()) is not None:
-            started = recorder.fetch_started(1)
+            started = fetch.started()
             try:
                 item = fetch_item(dataset, fetch.indices[position])
             except BaseException as error:
-                recorder.fetch_done(started, None, 1)
-                if fetch.failed(position, error):
+                if fetch.fetch_failed(position, started, error):
                     continue
                 return
-            recorder.item_done(started, item)
-            fetch.arrived(position, item)
+            fetch.fetched(position, started, item)
     finally:
         fetch.lane_ended()
 
