@@ -26,6 +26,7 @@ from typing import Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
+from ._open import open_regular
 from ._retry import AttemptFailed, Retry, retrying_sync
 
 _TRANSIENT_ERRNOS: Final = frozenset({errno.EINTR, errno.EAGAIN, errno.ETIMEDOUT})
@@ -43,8 +44,10 @@ class FileDataset:
         locations: A list of paths, a function of the index, or a
             :class:`~asyncloader.Template` (a value containing ``/``, ``\\``, NUL, or equal to
             ``.``/``..`` is refused when the dataset is built).
-        root: The folder that relative locations are read from. When set, an item whose real
-            path (symbolic links resolved) lies outside it fails with ``PermissionError``.
+        root: The folder that relative locations are read from. When set, an item whose path
+            leaves it (by ``..``, an absolute path, or a symbolic link on its way, also one
+            swapped in while the file is opened) fails with ``PermissionError``. Links that
+            stay beneath it are followed.
         length: The number of items, for a function or a template of scalars only.
         retry: Retries for ``EINTR``, ``EAGAIN`` and ``ETIMEDOUT`` only.
         max_bytes: The largest file accepted (checked from its size before reading).
@@ -54,6 +57,9 @@ class FileDataset:
             copies it. An empty file is ``b""``. The map lives as long as you hold the item.
             For files that nothing truncates while they are read: touching a map whose file
             was cut short kills the process with ``SIGBUS``, as with any memory map.
+
+    Only regular files are read: a FIFO, a device or a socket fails its item with an
+    ``OSError`` that says what it is (instead of blocking, or reading forever).
     """
 
     def __init__(
@@ -81,47 +87,41 @@ class FileDataset:
         return len(self.locations)
 
     def path(self, index: int) -> str:
-        """The path item ``index`` is read from.
+        """The path item ``index`` is read from, as given (joined to ``root``).
+
+        Nothing is checked here: the read itself opens the path beneath ``root`` and refuses
+        what leaves it (see :mod:`._open`), so that the file read is the file checked.
 
         Raises:
             IndexError: ``index`` is out of range.
-            PermissionError: The path leaves ``root``.
         """
         location = self.locations[index]
         assert isinstance(location, str)
-        if self.root is None or self._real_root is None:
-            return location
-        path = os.path.join(self.root, location)
-        real = os.path.realpath(path)
-        if os.path.commonpath([self._real_root, real]) != self._real_root:
-            raise PermissionError(f"{location!r} leaves root {self.root!r}")
-        return real
+        return location if self.root is None else os.path.join(self.root, location)
 
     def __getitem__(self, index: int) -> bytes | _mmap.mmap:
-        path = self.path(index)
-        return retrying_sync(self.retry, lambda: self._load(path))
+        location = self.locations[index]
+        assert isinstance(location, str)
+        return retrying_sync(self.retry, lambda: self._load(location))
 
-    def _load(self, path: str) -> bytes | _mmap.mmap:
+    def _load(self, location: str) -> bytes | _mmap.mmap:
         try:
-            with open(path, "rb", buffering=0) as file:
-                return self._map(file, path) if self.mmap else self._read(file, path)
+            fd, size = open_regular(location, self.root, self._real_root)
+            with open(fd, "rb", buffering=0) as file:
+                self._check_size(location, size)
+                if self.mmap and size > 0:
+                    # The map keeps the file's pages; the descriptor can close at once.
+                    return _mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
+                # A size of 0 may be a file of the kernel's (/proc) whose data only a read gets.
+                return self._read(file, location)
         except AttemptFailed:
             raise
         except OSError as error:
             raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
 
-    def _map(self, file: io.FileIO, path: str) -> bytes | _mmap.mmap:
-        size = os.fstat(file.fileno()).st_size
-        self._check_size(path, size)
-        if size == 0:
-            return b""  # an empty file cannot be mapped
-        # The map keeps the file's pages; the descriptor can close at once.
-        return _mmap.mmap(file.fileno(), size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
-
     def _read(self, file: io.FileIO, path: str) -> bytes:
         if self.max_bytes is None:
             return file.readall()
-        self._check_size(path, os.fstat(file.fileno()).st_size)
         data = file.read(self.max_bytes + 1)  # a file that grew is caught too
         if len(data) > self.max_bytes:
             raise AttemptFailed(

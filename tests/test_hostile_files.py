@@ -1,0 +1,158 @@
+"""FileDataset against a hostile writer inside ``root``: symlink swaps, FIFOs, devices, loops.
+
+The races run for real: a thread swaps a file for a symbolic link to a file outside ``root``
+while the dataset reads it. What could block forever runs in a subprocess with a hard time-out.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from asyncloader import DataLoader, FileDataset
+
+ROOT = Path(__file__).parent.parent
+SECRET = b"SECRET, outside root"
+
+
+@pytest.fixture
+def swapped(tmp_path: Path) -> Iterator[Path]:
+    """``root/item`` flips between a regular file and a link to a file outside ``root``."""
+    root = tmp_path / "root"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    stop = threading.Event()
+
+    def swap() -> None:
+        link, plain, item = root / ".link", root / ".plain", root / "item"
+        while not stop.is_set():
+            link.unlink(missing_ok=True)
+            link.symlink_to(secret)
+            os.replace(link, item)
+            plain.write_bytes(b"inside")
+            os.replace(plain, item)
+
+    (root / "item").write_bytes(b"inside")
+    writer = threading.Thread(target=swap, name="swapper", daemon=True)
+    writer.start()
+    try:
+        yield root
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_symlink_swapped_in_during_the_read_never_delivers_a_file_outside_root(
+    swapped: Path, mmap: bool
+) -> None:
+    dataset = FileDataset(["item"], root=swapped, mmap=mmap)
+    outcomes: dict[str, int] = {"inside": 0, "refused": 0, "missing": 0}
+    reasons = set()
+    for _ in range(10_000):
+        try:
+            data = bytes(dataset[0])
+        except PermissionError as error:
+            reasons.add(error.strerror)
+            outcomes["refused"] += 1
+            continue
+        except FileNotFoundError:  # between the two renames nothing is there
+            outcomes["missing"] += 1
+            continue
+        assert data != SECRET, "read a file outside root"
+        assert data == b"inside"
+        outcomes["inside"] += 1
+    assert outcomes["inside"] > 0, outcomes
+    assert outcomes["refused"] > 0, outcomes
+    assert reasons == {"a symbolic link on its way leaves root (after 1 attempt)"}
+
+
+def test_links_that_stay_beneath_root_are_followed(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.bin").write_bytes(b"a")
+    (tmp_path / "rel").symlink_to("data/a.bin")
+    (tmp_path / "abs").symlink_to(tmp_path / "data" / "a.bin")
+    (tmp_path / "dir").symlink_to("data")
+    (tmp_path / "chain").symlink_to("rel")
+    (tmp_path / "data" / "up").symlink_to("../data/a.bin")
+    locations = ["rel", "abs", "dir/a.bin", "chain", "data/up", "data/../data/a.bin"]
+    dataset = FileDataset(locations, root=tmp_path)
+    assert [dataset[i] for i in range(len(locations))] == [b"a"] * len(locations)
+
+
+def test_links_that_leave_root_on_the_way_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "x").write_bytes(SECRET)
+    (root / "out_dir").symlink_to(tmp_path / "outside")
+    (root / "sub" / "up").symlink_to("../../outside/x")
+    (root / "etc").symlink_to("/etc")
+    dataset = FileDataset(["out_dir/x", "sub/up", "etc/hostname", "sub/../../outside/x"], root=root)
+    for index in range(4):
+        with pytest.raises(PermissionError, match="leaves root"):
+            dataset[index]
+
+
+def test_a_link_loop_fails_its_item(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(OSError, match="too many symbolic links"):
+        FileDataset(["a"], root=tmp_path)[0]
+
+
+def test_devices_are_refused_and_kernel_files_are_read_not_mapped_empty() -> None:
+    for mmap in (False, True):
+        with pytest.raises(OSError, match="character device, not a regular file"):
+            FileDataset(["/dev/zero"], mmap=mmap)[0]
+        status = bytes(FileDataset(["/proc/self/status"], mmap=mmap)[0])
+        assert status.startswith(b"Name:"), status[:40]
+
+
+def test_a_fifo_under_root_fails_its_item_instead_of_blocking(tmp_path: Path) -> None:
+    """No writer ever opens the FIFO: a plain open() blocks forever, so this runs in a child."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "ok").write_bytes(b"ok")
+    script = textwrap.dedent(
+        f"""
+        from asyncloader import DataLoader, FileDataset
+        for mmap in (False, True):
+            loader = DataLoader(FileDataset(["pipe", "ok"], root={str(tmp_path)!r}, mmap=mmap),
+                                collate_fn=list)
+            it = iter(loader)
+            try:
+                next(it)
+            except OSError as error:
+                print("refused:", error)
+            print("next:", bytes(next(it)[0]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    assert all("a FIFO, not a regular file" in line for line in lines[::2]), lines
+    assert lines[1::2] == ["next: b'ok'"] * 2
+
+
+def test_a_fifo_fails_its_item_on_the_threaded_path_too(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    loader = DataLoader(FileDataset(["pipe"], root=tmp_path), num_workers=2, timeout=20)
+    with loader, pytest.raises(OSError, match="a FIFO"):
+        next(iter(loader))
+
+
+def test_a_file_on_the_way_is_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"f")
+    with pytest.raises(NotADirectoryError):
+        FileDataset(["file/x"], root=tmp_path)[0]
