@@ -9,14 +9,14 @@ import secrets
 from collections.abc import AsyncIterator as AsyncIteratorABC
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 from ._collate import default_collate
 from ._distributed import resolve_ranks
 from ._driver import Work
 from ._iterators import AsyncIterator, DirectIterator, ThreadedIterator
 from ._pin import pin_batch, pinning_available
-from ._runtime import Runtime
+from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._sampler import (
     Batches,
     DistributedSampler,
@@ -44,9 +44,6 @@ from ._stats import LoaderStats, Recorder
 from ._transform import Transform
 
 logger = logging.getLogger("asyncloader")
-
-ACLOSE_TIMEOUT_S: Final = 5.0
-"""How long closing the loader waits for an async dataset's ``aclose()``."""
 
 
 def _check_callable(name: str, value: object) -> None:
@@ -470,29 +467,27 @@ class DataLoader:
     # -- closing ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Await an async dataset's ``aclose()`` (bounded) and stop the loader's threads.
+        """Await an async dataset's ``aclose()`` (bounded, on the loader's loop thread) and
+        stop the loader's threads; after ``for`` or ``async for`` use alike.
 
         Idempotent. A later iteration starts new threads.
         """
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None and runtime.pid == os.getpid():
-            runtime.close()
+        self._stop_runtime(dataset_closed=False)
 
     async def aclose(self) -> None:
         """Await an async dataset's ``aclose()`` on the running loop, then stop the threads."""
-        await self._close_dataset()
+        close = getattr(self._dataset, "aclose", None) if self._is_async else None
+        if close is not None and self._runtime is not None:
+            try:
+                await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
+            except Exception:
+                logger.exception("%s.aclose() failed", type(self._dataset).__name__)
+        self._stop_runtime(dataset_closed=True)
+
+    def _stop_runtime(self, dataset_closed: bool) -> None:
         runtime, self._runtime = self._runtime, None
         if runtime is not None and runtime.pid == os.getpid():
-            runtime.close()
-
-    async def _close_dataset(self) -> None:
-        close = getattr(self._dataset, "aclose", None) if self._is_async else None
-        if close is None:
-            return
-        try:
-            await asyncio.wait_for(close(), ACLOSE_TIMEOUT_S)
-        except Exception:
-            logger.exception("%s.aclose() failed", type(self._dataset).__name__)
+            runtime.close(run_closers=not dataset_closed)
 
     def __enter__(self) -> DataLoader:
         return self

@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from ._loop_thread import LoopThread
 from ._pool import ThreadPool
 
 logger = logging.getLogger("asyncloader")
 
-CLOSE_TIMEOUT_S = 5.0
-"""How long closing waits for an async dataset's ``aclose()``."""
+CLOSE_TIMEOUT_S: Final = 5.0
+"""How long closing the loader waits for an async dataset's ``aclose()``."""
 
 
 async def _close_all(closers: list[Callable[[], Awaitable[None]]]) -> None:
@@ -47,14 +49,19 @@ class _Parts:
         if os.getpid() != self.pid:
             return
         loop, self.loop = self.loop, None
+        closers, self.closers = self.closers, []
+        if closers and not sys.is_finalizing():
+            # What ran on the loader's loop (an async dataset's sessions) is closed on it; a
+            # loader used only with `async for` borrows a loop thread for the call.
+            runner = loop if loop is not None else LoopThread()
+            closing = runner.submit(_close_all(closers))
+            try:
+                closing.result(timeout=CLOSE_TIMEOUT_S + 1.0)
+            except Exception:
+                logger.exception("closing the dataset on the loader's loop failed")
+            if runner is not loop:
+                runner.stop()
         if loop is not None:
-            if self.closers:
-                # What ran on this loop (an async dataset's sessions) is closed on it, bounded.
-                closing = loop.submit(_close_all(self.closers))
-                try:
-                    closing.result(timeout=CLOSE_TIMEOUT_S + 1.0)
-                except Exception:
-                    logger.exception("closing the dataset on the loader's loop failed")
             loop.stop()
         for pool in (self.cpu, self.io):
             if pool is not None:
@@ -132,6 +139,9 @@ class Runtime:
             parts.io.shutdown(wait=False)
             parts.io = None
 
-    def close(self) -> None:
-        """Run the closers on the loop thread, then stop it and the pools (bounded)."""
+    def close(self, run_closers: bool = True) -> None:
+        """Run the closers on the loop thread (unless the caller already closed the dataset),
+        then stop it and the pools (bounded)."""
+        if not run_closers:
+            self._parts.closers = []
         self._finalizer()

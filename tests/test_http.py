@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import logging
 import socket
 from collections.abc import Iterator
@@ -140,7 +142,8 @@ def test_redirect_loops_are_bounded(server: FaultServer) -> None:
     error = fetch(HttpDataset([server.url + "/redirect/loop"], max_redirects=3))
     assert type(error) is OSError
     assert "redirects" in str(error)
-    assert server.hits["/redirect/loop"] == 3  # aiohttp counts the first request in the 3
+    # The first request and 3 redirects followed; the 4th redirect fails the item.
+    assert server.hits["/redirect/loop"] == 4
 
 
 def test_an_index_out_of_range_is_an_index_error(server: FaultServer) -> None:
@@ -180,7 +183,7 @@ def test_a_session_per_loop_closed_with_the_loader(server: FaultServer) -> None:
     data = HttpDataset([server.url + "/ok/1"] * 4)
     loader = DataLoader(data, batch_size=2, collate_fn=list, num_workers=1)
     assert len(list(loader)) == 2
-    sessions = [session for _, session in data._sessions.values()]
+    sessions = [entry.session for entry in data._sessions.values()]
     assert len(sessions) == 1
     loader.close()
     assert all(session.closed for session in sessions)
@@ -212,7 +215,12 @@ def test_retry_delays_double_with_jitter_and_honour_retry_after() -> None:
     assert retry.delay(0, retry_after=0.5) == 0.5
     assert retry.delay(0, retry_after=3600) == 1.0
     assert _retry_after("2") == 2.0
-    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past
+    soon = email.utils.format_datetime(
+        datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=30), usegmt=True
+    )
+    assert 25 < (_retry_after(soon) or 0) <= 30
+    assert _retry_after("not a date") is None
     assert _retry_after("-1") is None
 
 
@@ -221,7 +229,7 @@ async def test_one_session_per_loop_for_both_consumption_modes(server: FaultServ
     loader = DataLoader(data, batch_size=4, collate_fn=list, num_workers=1)
     assert [batch async for batch in loader] == [[body(2)] * 4]
     assert await asyncio.to_thread(lambda: list(loader)) == [[body(2)] * 4]
-    sessions = [session for _, session in data._sessions.values()]
+    sessions = [entry.session for entry in data._sessions.values()]
     assert len(sessions) == 2  # this loop's and the loader's own
     await loader.aclose()
     assert all(session.closed for session in sessions)

@@ -3,33 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from .._settings import check_timeout
+from .._settings import check_int, check_timeout
 from ._locations import Locations
-from ._redact import redact_url
+from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
 
 if TYPE_CHECKING:
     import aiohttp
+    import yarl
 
 TRANSIENT_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses worth another attempt; every other error status fails at once."""
+
+REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
+"""The statuses whose ``Location`` is followed (a GET stays a GET)."""
+
+DECODED_ENCODINGS: Final = frozenset({"", "identity", "gzip", "x-gzip", "deflate", "br", "zstd"})
+"""``Content-Encoding`` values aiohttp decodes (``br``/``zstd`` with their optional package; it
+says so when that is missing). A body in any other encoding would reach the user undecoded."""
 
 CLOSE_TIMEOUT_S: Final = 5.0
 
 
 def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds (the HTTP-date form is not honoured)."""
+    """``Retry-After`` in seconds: a number of seconds, or an HTTP-date from now."""
     if value is None:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # an HTTP-date is GMT; a date without a zone is taken so
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+        return max(seconds, 0.0)
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 def _check_max_bytes(max_bytes: object) -> int | None:
@@ -42,29 +60,79 @@ def _check_max_bytes(max_bytes: object) -> int | None:
     return max_bytes
 
 
+def _reason(error: BaseException) -> str:
+    """The first line of a client error's reason, short and redacted: a hostile response's
+    own bytes are quoted in aiohttp's messages, so they are cut, never echoed whole."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    text = getattr(cause, "message", None) or str(cause) or type(cause).__name__
+    line = redact_text(str(text)).strip().splitlines()[0] if str(text).strip() else ""
+    line = re.split(r":?\s*b['\"]", line)[0]  # aiohttp quotes the response's bytes after it
+    line = line.rstrip(":").strip() or type(cause).__name__
+    return line if len(line) <= 120 else line[:117] + "..."
+
+
+async def _keep_until_loop_closes(
+    session: aiohttp.ClientSession,
+) -> AsyncGenerator[None, None]:
+    """Closes ``session`` when its loop shuts down its async generators (``asyncio.run``,
+    ``asyncio.Runner``, the loader's own loop thread) or when the dataset closes it."""
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class _Session:
+    """One event loop's session, and the generator that closes it with the loop."""
+
+    __slots__ = ("keeper", "loop", "session")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        session: aiohttp.ClientSession,
+        keeper: AsyncGenerator[None, None],
+    ) -> None:
+        self.loop = loop
+        self.session = session
+        self.keeper = keeper
+
+
 class HttpDataset:
     """An async dataset whose item ``i`` is the body of ``GET locations[i]``, as ``bytes``.
 
     One ``aiohttp.ClientSession`` per event loop that drives the dataset, created lazily in
     that loop (so ``for``, ``async for`` and a forked child each get their own) and closed
-    with the loader. The session sets no connection limit of its own: the loader bounds the
-    requests in flight (``max(num_workers, 1) * item_concurrency``), and idle connections are
-    kept alive for the next requests. TLS certificates are verified; redirects are bounded.
+    when that loop shuts down (``asyncio.run`` ending, the loader closing its own loop) or when
+    the loader is closed. The session sets no connection limit of its own: the loader bounds
+    the requests in flight (``max(num_workers, 1) * item_concurrency``), and idle connections
+    are kept alive for the next requests. TLS certificates are verified. No cookies are kept.
+
+    Redirects (301, 302, 303, 307, 308) are followed by the dataset itself: to the same
+    origin (scheme, host and port) with ``headers``; to another origin with none of them, so
+    that a credential header (``Authorization``, ``X-Api-Key``, a session token) never reaches
+    a host it was not meant for; never from ``https`` to ``http``, nor to another scheme. A
+    3xx that is not followed (no usable ``Location``, 304, 300) fails its item.
 
     Args:
         locations: A list of URLs, a function of the index, or a
             :class:`~asyncloader.Template` (values are percent-encoded).
         length: The number of items, for a function or a template of scalars only.
-        headers: Headers sent with every request (never written to messages or logs).
-        timeout: Seconds one attempt may take, body included.
+        headers: Headers sent with every request to the locations' origins (never written to
+            messages or logs, never sent to another origin).
+        timeout: Seconds one request may take, body included (a redirect is a new request).
         retry: How transient failures are retried (408, 429, 5xx gateways, refused or reset
-            connections, truncated bodies, time-outs; ``Retry-After`` honoured).
-        max_bytes: The largest body accepted: refused from ``Content-Length`` before reading,
-            and a body that passes it while streaming is cut off at once.
-        max_redirects: Redirects followed before the item fails.
+            connections, truncated bodies, time-outs; ``Retry-After`` honoured, in seconds or
+            as an HTTP-date).
+        max_bytes: The largest body accepted (after decoding its ``Content-Encoding``):
+            refused from ``Content-Length`` before reading, and a body that passes it while
+            streaming is cut off at once.
+        max_redirects: Redirects followed: ``0`` follows none, ``N`` a chain of ``N``; the
+            ``N + 1``-st fails the item.
 
     Raises:
         ImportError: aiohttp is not installed (``pip install asyncloader[http]``).
+        TypeError, ValueError: A setting is invalid (the message names it).
     """
 
     def __init__(
@@ -80,11 +148,17 @@ class HttpDataset:
     ) -> None:
         try:
             import aiohttp  # imported here so that aiohttp stays an optional dependency
+            import yarl
         except ImportError as error:
             raise ImportError("HttpDataset needs aiohttp: pip install asyncloader[http]") from error
         self._aiohttp: Any = aiohttp
+        self._url: Any = yarl.URL
         self.locations = Locations(locations, "url", length)
+        if headers is not None and not isinstance(headers, Mapping):
+            raise TypeError(f"headers must be a mapping of str to str, got {type(headers)}")
         self.headers = dict(headers or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
+            raise TypeError("headers must be a mapping of str to str")
         checked = check_timeout("timeout", timeout)
         if checked is None:
             raise ValueError("timeout must be a positive number of seconds, got None")
@@ -93,111 +167,192 @@ class HttpDataset:
         if not isinstance(self.retry, Retry):
             raise TypeError(f"retry must be a Retry, got {retry!r}")
         self.max_bytes = _check_max_bytes(max_bytes)
-        self.max_redirects = max_redirects
+        self.max_redirects = check_int("max_redirects", max_redirects, 0)
         self._pid = os.getpid()
-        self._sessions: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]] = {}
+        self._sessions: dict[int, _Session] = {}
 
     def __len__(self) -> int:
         return len(self.locations)
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _current(self) -> aiohttp.ClientSession | None:
+        """The running loop's open session, if it has one."""
         loop = asyncio.get_running_loop()
         entry = self._sessions.get(id(loop))
-        if entry is not None and entry[0] is loop and not entry[1].closed:
-            return entry[1]
+        if entry is not None and entry.loop is loop and not entry.session.closed:
+            return entry.session
+        return None
+
+    async def _open_session(self) -> aiohttp.ClientSession:
+        """Open the running loop's session (nothing here suspends, so lanes that start at
+        once still share one session)."""
+        loop = asyncio.get_running_loop()
         if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
             self._pid, self._sessions = os.getpid(), {}
+        for key in [key for key, entry in self._sessions.items() if entry.loop.is_closed()]:
+            del self._sessions[key]  # a loop closed without closing its generators
         client = self._aiohttp
-        connector = client.TCPConnector(limit=0, limit_per_host=0)
         session: aiohttp.ClientSession = client.ClientSession(
-            connector=connector,
-            headers=self.headers,
+            connector=client.TCPConnector(limit=0, limit_per_host=0),
             timeout=client.ClientTimeout(total=self.timeout),
+            cookie_jar=client.DummyCookieJar(),
         )
-        self._sessions[id(loop)] = (loop, session)
+        keeper = _keep_until_loop_closes(session)
+        # Its first step registers it with the loop's async-generator hooks; the loop's
+        # shutdown_asyncgens() then closes the session while the loop still runs.
+        await keeper.asend(None)
+        self._sessions[id(loop)] = _Session(loop, session, keeper)
         return session
 
     async def __getitem__(self, index: int) -> bytes:
         url = self.locations[index]
         assert isinstance(url, str)
-        session = self._session()
+        session = self._current() or await self._open_session()
         return await retrying(self.retry, lambda: self._attempt(session, url))
 
     async def _attempt(self, session: aiohttp.ClientSession, url: str) -> bytes:
         aiohttp = self._aiohttp
+        shown = redact_url(url)
         try:
-            async with session.get(url, max_redirects=self.max_redirects) as response:
-                status = response.status
-                if status >= 400:
-                    raise AttemptFailed(
-                        _status_error(status, redact_url(url)),
-                        transient=status in TRANSIENT_STATUSES,
-                        retry_after=_retry_after(response.headers.get("Retry-After")),
-                    )
-                if self.max_bytes is None:
-                    return await response.read()
-                declared = response.content_length
-                if declared is not None and declared > self.max_bytes:
-                    raise AttemptFailed(
-                        ValueError(
-                            f"GET {redact_url(url)}: Content-Length {declared} is over "
-                            f"max_bytes={self.max_bytes}"
-                        ),
-                        transient=False,
-                    )
-                return await _read_at_most(response.content, self.max_bytes, url)
+            target: str | yarl.URL = url
+            origin = self._url(url).origin()
+            for hop in range(self.max_redirects + 1):
+                headers = self.headers if self._url(target).origin() == origin else None
+                async with session.get(target, allow_redirects=False, headers=headers) as response:
+                    status = response.status
+                    if status in REDIRECTS:
+                        target = self._redirect(response, shown, hop)
+                        continue
+                    if not 200 <= status < 300:
+                        raise AttemptFailed(
+                            _status_error(status, shown),
+                            transient=status in TRANSIENT_STATUSES,
+                            retry_after=_retry_after(response.headers.get("Retry-After")),
+                        )
+                    return await self._body(response, shown)
+            raise AssertionError("unreachable: the last hop raises")  # pragma: no cover
         except AttemptFailed:
             raise
         except asyncio.TimeoutError:
             raise AttemptFailed(
-                TimeoutError(
-                    f"GET {redact_url(url)}: no complete response within {self.timeout} s"
-                ),
+                TimeoutError(f"GET {shown}: no complete response within {self.timeout} s"),
                 transient=True,
             ) from None
-        except aiohttp.ClientPayloadError:
+        except aiohttp.ClientPayloadError as error:
+            cause = error.__cause__
+            if isinstance(cause, aiohttp.http_exceptions.ContentEncodingError):
+                raise AttemptFailed(
+                    OSError(f"GET {shown}: the body cannot be decoded ({_reason(error)})"),
+                    transient=False,
+                ) from None
             raise AttemptFailed(
-                OSError(f"GET {redact_url(url)}: the body ended before its Content-Length"),
+                OSError(f"GET {shown}: the body ended early ({_reason(error)})"),
                 transient=True,
-            ) from None
-        except aiohttp.TooManyRedirects:
-            raise AttemptFailed(
-                OSError(f"GET {redact_url(url)}: more than {self.max_redirects} redirects"),
-                transient=False,
             ) from None
         except aiohttp.ClientConnectionError as error:
             raise AttemptFailed(
-                ConnectionError(
-                    f"GET {redact_url(url)}: connection failed ({type(error).__name__})"
-                ),
+                ConnectionError(f"GET {shown}: connection failed ({_connection_reason(error)})"),
                 transient=True,
+            ) from None
+        except aiohttp.ClientResponseError as error:  # the response could not be parsed
+            raise AttemptFailed(
+                OSError(f"GET {shown}: malformed response ({_reason(error)})"), transient=False
             ) from None
         except (aiohttp.ClientError, ValueError) as error:
             raise AttemptFailed(
-                OSError(f"GET {redact_url(url)}: {type(error).__name__}"), transient=False
+                OSError(f"GET {shown}: {type(error).__name__} ({_reason(error)})"),
+                transient=False,
             ) from None
 
+    def _redirect(self, response: aiohttp.ClientResponse, shown: str, hop: int) -> yarl.URL:
+        """Where a redirect leads, if it may be followed; else the item fails."""
+        status = response.status
+        if hop == self.max_redirects:
+            raise AttemptFailed(
+                OSError(f"GET {shown}: HTTP {status}, more than max_redirects={hop} redirects"),
+                transient=False,
+            )
+        location = response.headers.get("Location", "").strip()
+        current = response.url
+        try:
+            target = current.join(self._url(location)).with_fragment(None) if location else None
+        except (ValueError, TypeError):
+            target = None
+        if target is None or target.scheme not in ("http", "https") or not target.host:
+            raise AttemptFailed(
+                OSError(f"GET {shown}: HTTP {status} without a usable Location"), transient=False
+            )
+        if current.scheme == "https" and target.scheme == "http":
+            raise AttemptFailed(
+                OSError(f"GET {shown}: HTTP {status} redirects from https to http"),
+                transient=False,
+            )
+        return target
+
+    async def _body(self, response: aiohttp.ClientResponse, shown: str) -> bytes:
+        encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in DECODED_ENCODINGS:
+            raise AttemptFailed(
+                OSError(f"GET {shown}: unsupported Content-Encoding {encoding[:40]!r}"),
+                transient=False,
+            )
+        if self.max_bytes is None:
+            return await response.read()
+        declared = response.content_length
+        if declared is not None and declared > self.max_bytes and encoding in ("", "identity"):
+            raise AttemptFailed(
+                ValueError(
+                    f"GET {shown}: Content-Length {declared} is over max_bytes={self.max_bytes}"
+                ),
+                transient=False,
+            )
+        return await _read_at_most(response.content, self.max_bytes, shown)
+
     async def aclose(self) -> None:
-        """Close the sessions: this loop's awaited, another live loop's on that loop."""
+        """Close the sessions: this loop's awaited, another running loop's scheduled on it
+        (not awaited: that loop may be the one blocked in this call's thread)."""
         sessions, self._sessions = list(self._sessions.values()), {}
         if self._pid != os.getpid():
             return
         current = asyncio.get_running_loop()
-        for loop, session in sessions:
-            if loop is current:
-                await session.close()
-            elif loop.is_running() and not loop.is_closed():
-                closing = asyncio.run_coroutine_threadsafe(session.close(), loop)
-                await asyncio.wait_for(asyncio.wrap_future(closing), CLOSE_TIMEOUT_S)
+        for entry in sessions:
+            if entry.loop is current:
+                await entry.keeper.aclose()
+            elif not entry.loop.is_closed():
+                try:
+                    entry.loop.call_soon_threadsafe(_close_later, entry.keeper)
+                except RuntimeError:  # closed in between
+                    entry.session.detach()
             else:  # its loop is gone with its connections: nothing left to close
-                session.detach()
+                entry.session.detach()
 
     def __repr__(self) -> str:
         return f"HttpDataset({len(self)} items)"
 
 
+_closing: set[asyncio.Future[None]] = set()
+"""Closes scheduled on another loop, kept referenced until they end."""
+
+
+def _close_later(keeper: AsyncGenerator[None, None]) -> None:
+    task = asyncio.ensure_future(keeper.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+def _connection_reason(error: BaseException) -> str:
+    """Why a connection failed, with the system's words (``Too many open files``)."""
+    os_error = getattr(error, "os_error", None)
+    if isinstance(os_error, OSError) and os_error.strerror:
+        return f"{type(error).__name__}: {os_error.strerror}"
+    return type(error).__name__
+
+
 def _status_error(status: int, shown: str) -> OSError:
     message = f"GET {shown}: HTTP {status}"
+    if 300 <= status < 400:
+        return OSError(f"{message}, a redirect that is not followed (no data)")
+    if status < 200:
+        return OSError(f"{message}, not a final response")
     if status in (404, 410):
         return FileNotFoundError(message)
     if status in (401, 403):
@@ -205,7 +360,7 @@ def _status_error(status: int, shown: str) -> OSError:
     return OSError(message)
 
 
-async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
+async def _read_at_most(content: Any, max_bytes: int, shown: str) -> bytes:
     """Read a body of unknown or untrusted length, failing as soon as it passes the limit."""
     chunks: list[bytes] = []
     size = 0
@@ -216,7 +371,7 @@ async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
         size += len(chunk)
         if size > max_bytes:
             raise AttemptFailed(
-                ValueError(f"GET {redact_url(url)}: the body is over max_bytes={max_bytes}"),
+                ValueError(f"GET {shown}: the body is over max_bytes={max_bytes}"),
                 transient=False,
             )
         chunks.append(chunk)

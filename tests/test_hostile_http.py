@@ -1,0 +1,308 @@
+"""HttpDataset against servers that misbehave on purpose (raw sockets on 127.0.0.1).
+
+Redirects of every kind, credential headers and origins, malformed heads, lengths and
+encodings, bombs under each ``Content-Encoding``, bodies that trickle, and the sessions and
+sockets left behind by many event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader, HttpDataset, Retry
+
+from .raw_server import RawServer, deflate_bomb, gzip_bomb, response, run_raw_server
+from .servers import FaultServer, run_fault_server
+
+ROOT = Path(__file__).parent.parent
+SECRETS = {
+    "Authorization": "Bearer top-secret",
+    "X-Api-Key": "key-secret",
+    "X-Amz-Security-Token": "token-secret",
+}
+NO_RETRY = Retry(max_retries=0)
+
+
+def fetch(dataset: HttpDataset) -> Any:
+    """Item 0, or the exception raised for it."""
+
+    async def get() -> Any:
+        try:
+            return await dataset[0]
+        except Exception as error:
+            return error
+        finally:
+            await dataset.aclose()
+
+    return asyncio.run(get())
+
+
+@pytest.fixture
+def other() -> Iterator[RawServer]:
+    """A server on another port: another origin, which only answers ``other``."""
+    with run_raw_server(lambda path, headers: response(body=b"other")) as server:
+        yield server
+
+
+def redirecting(target: str) -> Iterator[RawServer]:
+    def handle(path: str, headers: dict[str, str]) -> bytes:
+        if path == "/start":
+            return response(302, headers={"Location": target})
+        if path.startswith("/hop/"):
+            left = int(path.split("/")[2])
+            where = f"/hop/{left - 1}" if left else "/end"
+            return response(307, headers={"Location": where})
+        return response(body=b"same origin")
+
+    with run_raw_server(handle) as server:
+        yield server
+
+
+def test_credential_headers_never_follow_a_redirect_to_another_origin(other: RawServer) -> None:
+    for server in redirecting(other.url + "/landing"):
+        out = fetch(HttpDataset([server.url + "/start"], headers=SECRETS))
+        assert out == b"other"
+        assert server.requests[0][1]["x-api-key"] == "key-secret"
+        (path, seen), *_ = other.requests
+        assert path == "/landing"
+        assert not {name.lower() for name in SECRETS} & set(seen), seen
+
+
+def test_headers_go_with_a_redirect_to_the_same_origin() -> None:
+    for server in redirecting("/end"):
+        assert fetch(HttpDataset([server.url + "/start"], headers=SECRETS)) == b"same origin"
+        assert [path for path, _ in server.requests] == ["/start", "/end"]
+        assert all(seen["x-amz-security-token"] == "token-secret" for _, seen in server.requests)
+
+
+def test_a_scheme_relative_location_to_another_port_is_another_origin(other: RawServer) -> None:
+    port = other.url.rsplit(":", 1)[1]
+    for _ in redirecting(f"//127.0.0.1:{port}/x"):
+        out = fetch(HttpDataset([_.url + "/start"], headers=SECRETS))
+        assert out == b"other"
+        assert "authorization" not in other.requests[0][1]
+
+
+@pytest.mark.parametrize(
+    ("limit", "chain", "ok"), [(0, 1, False), (1, 1, True), (3, 3, True), (3, 4, False)]
+)
+def test_max_redirects_follows_a_chain_of_n_and_fails_on_the_next(
+    limit: int, chain: int, ok: bool
+) -> None:
+    for server in redirecting("/"):
+        out = fetch(HttpDataset([f"{server.url}/hop/{chain - 1}"], max_redirects=limit))
+        if ok:
+            assert out == b"same origin"
+        else:
+            assert type(out) is OSError
+            assert f"more than max_redirects={limit} redirects" in str(out)
+        assert len(server.requests) == min(chain, limit) + 1
+
+
+@pytest.mark.parametrize("value", [None, -1, 2.5, "3", True])
+def test_max_redirects_is_checked_at_construction(value: object) -> None:
+    with pytest.raises((TypeError, ValueError), match="max_redirects"):
+        HttpDataset(["http://127.0.0.1/"], max_redirects=value)  # type: ignore[arg-type]
+
+
+NOT_FOLLOWED = {
+    "302 without Location": response(302),
+    "301 empty Location": response(301, headers={"Location": ""}),
+    "302 to file:": response(302, headers={"Location": "file:///etc/passwd"}),
+    "303 to javascript:": response(303, headers={"Location": "javascript:alert(1)"}),
+    "308 unparsable": response(308, headers={"Location": "http://[::1"}),
+    "304": response(304),
+    "300": response(300, body=b"choices"),
+    "399": response(399, body=b"odd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_FOLLOWED))
+def test_a_3xx_that_is_not_followed_fails_its_item(case: str) -> None:
+    reply = NOT_FOLLOWED[case]
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], retry=NO_RETRY))
+    assert type(out) is OSError, out
+    assert "HTTP 3" in str(out)
+    assert len(server.requests) == 1
+
+
+MALFORMED = {
+    "bad length": (response(body=b"abc", headers={"Content-Length": "abc"}), "Content-Length"),
+    "negative length": (response(body=b"abc", headers={"Content-Length": "-3"}), "Content-Length"),
+    "two lengths": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde",
+        "Duplicate Content-Length",
+    ),
+    "1 MiB header": (response(body=b"abc", headers={"X-Big": "a" * (1 << 20)}), "more than"),
+    "many headers": (
+        b"HTTP/1.1 200 OK\r\n"
+        + b"".join(b"X-%d: 1\r\n" % i for i in range(300))
+        + b"Content-Length: 1\r\n\r\na",
+        "Too many headers",
+    ),
+    "bad status": (b"HTTP/1.1 abc OK\r\nContent-Length: 1\r\n\r\na", "Bad status line"),
+    "not http": (b"SSH-2.0-OpenSSH\r\n\r\n", "Bad status line"),
+    "corrupt gzip": (
+        response(body=b"\x1f\x8b\x08\x00not gzip at all", headers={"Content-Encoding": "gzip"}),
+        "cannot be decoded",
+    ),
+    "unknown encoding": (
+        response(body=b"abc", headers={"Content-Encoding": "snappy"}),
+        "unsupported Content-Encoding 'snappy'",
+    ),
+    "br without Brotli": (
+        response(body=b"abc", headers={"Content-Encoding": "br"}),
+        "content-encoding: brotli",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_responses_fail_once_saying_why(case: str) -> None:
+    reply, reason = MALFORMED[case]
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
+    assert isinstance(out, OSError), out
+    assert reason in str(out)
+    assert "ClientResponseError" not in str(out)
+    assert "aaaa" not in str(out)  # the response's own bytes are not echoed
+    assert len(server.requests) == 1, "a malformed response is not worth another attempt"
+
+
+def test_a_body_cut_short_is_retried_saying_how_much_came() -> None:
+    reply = response(body=b"abc", headers={"Content-Length": "10"})
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(2, 0.01, 0.01)))
+    assert isinstance(out, OSError)
+    assert "received 3 of 10 bytes" in str(out)
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [("gzip", gzip_bomb(256 << 20)), ("deflate", deflate_bomb(256 << 20))],
+)
+def test_bombs_are_cut_at_max_bytes_after_decoding(encoding: str, body: bytes) -> None:
+    assert len(body) < 1 << 20  # a quarter of a GiB in under a MiB
+    reply = response(body=body, headers={"Content-Encoding": encoding})
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], max_bytes=1 << 20))
+    assert type(out) is ValueError
+    assert "over max_bytes=1048576" in str(out)
+    assert len(server.requests) == 1
+
+
+def test_a_trickling_body_times_out_per_attempt() -> None:
+    reply: list[bytes | float] = [response(body=b"", headers={"Content-Length": "1000"})]
+    reply += [b"x", 0.05] * 200
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], timeout=0.5, retry=Retry(1, 0.01, 0.01)))
+    assert type(out) is TimeoutError
+    assert len(server.requests) == 2
+
+
+def test_sessions_close_with_their_event_loop(server: FaultServer) -> None:
+    """30 epochs, each on a loop of its own (asyncio.run): sockets do not pile up."""
+    data = HttpDataset([server.url + "/ok/10"] * 8)
+    loader = DataLoader(data, batch_size=4, item_concurrency=4, collate_fn=list)
+
+    async def epoch() -> list[Any]:
+        return [batch async for batch in loader]
+
+    counts = []
+    for _ in range(30):
+        assert asyncio.run(epoch()) == [[_body(10)] * 4] * 2
+        counts.append(len(os.listdir("/proc/self/fd")))
+    loader.close()
+    assert counts[-1] <= counts[0], counts
+    assert all(entry.session.closed for entry in data._sessions.values())
+
+
+def _body(size: int) -> bytes:
+    from .servers import body
+
+    return body(size)
+
+
+def test_many_loops_under_a_low_descriptor_limit_and_the_error_when_out_of_them(
+    server: FaultServer,
+) -> None:
+    """A child with 64 descriptors runs 100 epochs on loops of their own; then, with its
+    descriptors used up on purpose, a request fails saying so."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, resource
+        from asyncloader import DataLoader, HttpDataset, Retry
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        data = HttpDataset([{server.url!r} + "/ok/5"] * 4, retry=Retry(0))
+        loader = DataLoader(data, batch_size=4, item_concurrency=4, collate_fn=list)
+        async def epoch():
+            return [batch async for batch in loader]
+        for _ in range(100):
+            assert len(asyncio.run(epoch())) == 1
+        print("100 epochs")
+        hoard = []
+        try:
+            while True:
+                hoard.append(open("/dev/null"))
+        except OSError:
+            pass
+        hoard.pop().close()  # room for the loop's own descriptors, none for a socket
+        hoard.pop().close()
+        hoard.pop().close()
+        try:
+            asyncio.run(epoch())
+        except OSError as error:
+            print(type(error).__name__, error)
+        for file in hoard:
+            file.close()
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "100 epochs"
+    assert "Too many open files" in lines[1], lines
+
+
+@pytest.fixture
+def server() -> Iterator[FaultServer]:
+    with run_fault_server() as running:
+        yield running
+
+
+def test_close_calls_aclose_after_async_for_use() -> None:
+    class Counting:
+        closed = 0
+
+        def __len__(self) -> int:
+            return 4
+
+        async def __getitem__(self, index: int) -> int:
+            return index
+
+        async def aclose(self) -> None:
+            Counting.closed += 1
+
+    loader = DataLoader(Counting(), batch_size=2)
+
+    async def epoch() -> int:
+        return len([batch async for batch in loader])
+
+    assert asyncio.run(epoch()) == 2
+    loader.close()
+    assert Counting.closed == 1
+    loader.close()
+    assert Counting.closed == 1
