@@ -109,9 +109,10 @@ class HttpDataset:
     are kept alive for the next requests. TLS certificates are verified. No cookies are kept.
 
     Redirects (301, 302, 303, 307, 308) are followed by the dataset itself: to the same
-    origin (scheme, host and port) with ``headers``; to another origin with none of them, so
-    that a credential header (``Authorization``, ``X-Api-Key``, a session token) never reaches
-    a host it was not meant for; never from ``https`` to ``http``, nor to another scheme. A
+    origin (scheme, host and port) with ``headers``; to another origin with none of them (nor
+    anywhere after it in the chain), so that a credential header (``Authorization``,
+    ``X-Api-Key``, a session token) never reaches a host it was not meant for; never from
+    ``https`` to ``http``, nor to another scheme. A
     3xx that is not followed (no usable ``Location``, 304, 300) fails its item.
 
     Args:
@@ -211,60 +212,68 @@ class HttpDataset:
 
     async def _attempt(self, session: aiohttp.ClientSession, url: str) -> bytes:
         aiohttp = self._aiohttp
-        shown = redact_url(url)
         try:
             target: str | yarl.URL = url
-            origin = self._url(url).origin()
+            headers = self.headers or None
             for hop in range(self.max_redirects + 1):
-                headers = self.headers if self._url(target).origin() == origin else None
                 async with session.get(target, allow_redirects=False, headers=headers) as response:
                     status = response.status
                     if status in REDIRECTS:
-                        target = self._redirect(response, shown, hop)
+                        target = self._redirect(response, url, hop)
+                        if headers is not None and target.origin() != self._url(url).origin():
+                            headers = None  # and none again, wherever the chain goes next
                         continue
                     if not 200 <= status < 300:
                         raise AttemptFailed(
-                            _status_error(status, shown),
+                            _status_error(status, redact_url(url)),
                             transient=status in TRANSIENT_STATUSES,
                             retry_after=_retry_after(response.headers.get("Retry-After")),
                         )
-                    return await self._body(response, shown)
+                    return await self._body(response, url)
             raise AssertionError("unreachable: the last hop raises")  # pragma: no cover
         except AttemptFailed:
             raise
         except asyncio.TimeoutError:
             raise AttemptFailed(
-                TimeoutError(f"GET {shown}: no complete response within {self.timeout} s"),
+                TimeoutError(
+                    f"GET {redact_url(url)}: no complete response within {self.timeout} s"
+                ),
                 transient=True,
             ) from None
         except aiohttp.ClientPayloadError as error:
             cause = error.__cause__
             if isinstance(cause, aiohttp.http_exceptions.ContentEncodingError):
                 raise AttemptFailed(
-                    OSError(f"GET {shown}: the body cannot be decoded ({_reason(error)})"),
+                    OSError(
+                        f"GET {redact_url(url)}: the body cannot be decoded ({_reason(error)})"
+                    ),
                     transient=False,
                 ) from None
             raise AttemptFailed(
-                OSError(f"GET {shown}: the body ended early ({_reason(error)})"),
+                OSError(f"GET {redact_url(url)}: the body ended early ({_reason(error)})"),
                 transient=True,
             ) from None
         except aiohttp.ClientConnectionError as error:
             raise AttemptFailed(
-                ConnectionError(f"GET {shown}: connection failed ({_connection_reason(error)})"),
+                ConnectionError(
+                    f"GET {redact_url(url)}: connection failed ({_connection_reason(error)})"
+                ),
                 transient=True,
             ) from None
         except aiohttp.ClientResponseError as error:  # the response could not be parsed
             raise AttemptFailed(
-                OSError(f"GET {shown}: malformed response ({_reason(error)})"), transient=False
+                OSError(f"GET {redact_url(url)}: malformed response ({_reason(error)})"),
+                transient=False,
             ) from None
         except (aiohttp.ClientError, ValueError) as error:
             raise AttemptFailed(
-                OSError(f"GET {shown}: {type(error).__name__} ({_reason(error)})"),
+                OSError(f"GET {redact_url(url)}: {type(error).__name__} ({_reason(error)})"),
                 transient=False,
             ) from None
 
-    def _redirect(self, response: aiohttp.ClientResponse, shown: str, hop: int) -> yarl.URL:
+    def _redirect(self, response: aiohttp.ClientResponse, url: str, hop: int) -> yarl.URL:
         """Where a redirect leads, if it may be followed; else the item fails."""
+        shown = redact_url(url)
         status = response.status
         if hop == self.max_redirects:
             raise AttemptFailed(
@@ -279,7 +288,8 @@ class HttpDataset:
             target = None
         if target is None or target.scheme not in ("http", "https") or not target.host:
             raise AttemptFailed(
-                OSError(f"GET {shown}: HTTP {status} without a usable Location"), transient=False
+                OSError(f"GET {shown}: HTTP {status} without a usable Location"),
+                transient=False,
             )
         if current.scheme == "https" and target.scheme == "http":
             raise AttemptFailed(
@@ -288,11 +298,11 @@ class HttpDataset:
             )
         return target
 
-    async def _body(self, response: aiohttp.ClientResponse, shown: str) -> bytes:
+    async def _body(self, response: aiohttp.ClientResponse, url: str) -> bytes:
         encoding = response.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in DECODED_ENCODINGS:
             raise AttemptFailed(
-                OSError(f"GET {shown}: unsupported Content-Encoding {encoding[:40]!r}"),
+                OSError(f"GET {redact_url(url)}: unsupported Content-Encoding {encoding[:40]!r}"),
                 transient=False,
             )
         if self.max_bytes is None:
@@ -301,11 +311,12 @@ class HttpDataset:
         if declared is not None and declared > self.max_bytes and encoding in ("", "identity"):
             raise AttemptFailed(
                 ValueError(
-                    f"GET {shown}: Content-Length {declared} is over max_bytes={self.max_bytes}"
+                    f"GET {redact_url(url)}: Content-Length {declared} is over "
+                    f"max_bytes={self.max_bytes}"
                 ),
                 transient=False,
             )
-        return await _read_at_most(response.content, self.max_bytes, shown)
+        return await _read_at_most(response.content, self.max_bytes, url)
 
     async def aclose(self) -> None:
         """Close the sessions: this loop's awaited, another running loop's scheduled on it
@@ -360,7 +371,7 @@ def _status_error(status: int, shown: str) -> OSError:
     return OSError(message)
 
 
-async def _read_at_most(content: Any, max_bytes: int, shown: str) -> bytes:
+async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
     """Read a body of unknown or untrusted length, failing as soon as it passes the limit."""
     chunks: list[bytes] = []
     size = 0
@@ -371,7 +382,7 @@ async def _read_at_most(content: Any, max_bytes: int, shown: str) -> bytes:
         size += len(chunk)
         if size > max_bytes:
             raise AttemptFailed(
-                ValueError(f"GET {shown}: the body is over max_bytes={max_bytes}"),
+                ValueError(f"GET {redact_url(url)}: the body is over max_bytes={max_bytes}"),
                 transient=False,
             )
         chunks.append(chunk)
