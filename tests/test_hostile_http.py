@@ -224,7 +224,9 @@ def test_sessions_close_with_their_event_loop(server: FaultServer) -> None:
         assert asyncio.run(epoch()) == [[_body(10)] * 4] * 2
         counts.append(len(os.listdir("/proc/self/fd")))
     loader.close()
-    assert counts[-1] <= counts[0], counts
+    # The server runs in this process: its own sockets come and go by a few. A leak was 8
+    # descriptors (the session's connections) for every loop.
+    assert counts[-1] < counts[0] + 8, counts
     assert all(entry.session.closed for entry in data._sessions.values())
 
 
