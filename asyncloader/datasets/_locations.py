@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
+from ._redact import redact_text
+
 Target = Literal["url", "path", "key"]
 
 _FORBIDDEN_IN_COMPONENT = ("/", "\\", "\x00")
@@ -50,34 +52,33 @@ class Template:
 
     def __init__(self, pattern: str, /, **columns: object) -> None:
         if not isinstance(pattern, str):
-            raise TypeError(f"Template pattern must be a str, got {pattern!r}")
+            raise TypeError(f"Template pattern must be a str, got a {type(pattern).__name__}")
         if "index" in columns:
             raise ValueError("Template: 'index' is the item's index, not a column")
         self.pattern = pattern
+        self._shown = repr(redact_text(pattern))
+        """The pattern as messages show it: no user, password or query string."""
+        shown = self._shown
         self.columns = columns
         try:
             parsed = list(string.Formatter().parse(pattern))
         except ValueError as error:
-            raise ValueError(f"Template {pattern!r} is malformed: {error}") from None
+            raise ValueError(f"Template {shown} is malformed: {error}") from None
         self._parts: list[tuple[str, str | None, str]] = []
         for literal, field, spec, conversion in parsed:
             if field is not None:
                 if conversion is not None:
-                    raise ValueError(
-                        f"Template {pattern!r}: conversions (!{conversion}) are refused"
-                    )
+                    raise ValueError(f"Template {shown}: conversions (!{conversion}) are refused")
                 if not field.isidentifier():
-                    raise ValueError(f"Template {pattern!r}: field {{{field}}} is not a plain name")
+                    raise ValueError(f"Template {shown}: field {{{field}}} is not a plain name")
                 if field != "index" and field not in columns:
-                    raise ValueError(f"Template {pattern!r}: no column named {field!r}")
+                    raise ValueError(f"Template {shown}: no column named {field!r}")
                 if spec and ("{" in spec or "}" in spec):
-                    raise ValueError(f"Template {pattern!r}: nested fields in a format spec")
+                    raise ValueError(f"Template {shown}: nested fields in a format spec")
             self._parts.append((literal, field, spec or ""))
         lengths = {len(v) for v in columns.values() if _is_sequence(v)}  # type: ignore[arg-type]
         if len(lengths) > 1:
-            raise ValueError(
-                f"Template {pattern!r}: columns of different lengths {sorted(lengths)}"
-            )
+            raise ValueError(f"Template {shown}: columns of different lengths {sorted(lengths)}")
         self.length: int | None = lengths.pop() if lengths else None
         """The number of items the sequence columns define (``None``: scalars only)."""
         self._check_specs()
@@ -90,7 +91,7 @@ class Template:
                 format(0 if field == "index" else self._value(field, 0), spec)
             except (ValueError, TypeError, IndexError) as error:
                 raise ValueError(
-                    f"Template {self.pattern!r}: format spec {spec!r} of {{{field}}}: {error}"
+                    f"Template {self._shown}: format spec {spec!r} of {{{field}}}: {error}"
                 ) from None
 
     def _value(self, field: str, index: int) -> Any:
@@ -116,6 +117,15 @@ class Template:
                 out.append(value)
         return "".join(out), dotted
 
+    def refuse_index_chars(self) -> None:
+        """Refuse ``{index:c}`` in a path or key: it renders index 47 as ``/``, 0 as NUL."""
+        for _, field, spec in self._parts:
+            if field == "index" and spec.endswith("c"):
+                raise ValueError(
+                    f"Template {self._shown}: {{index:{spec}}} renders indices as characters "
+                    "('/' or NUL among them), refused in a path or key"
+                )
+
     def check_values(self, length: int) -> None:
         """Refuse, for a path or key target, any value that could leave its component."""
         for _, field, spec in self._parts:
@@ -126,7 +136,7 @@ class Template:
                 check_component_value(field, format(value, spec))
 
     def __repr__(self) -> str:
-        return f"Template({self.pattern!r}, columns={sorted(self.columns)})"
+        return f"Template({self._shown}, columns={sorted(self.columns)})"
 
 
 def check_component_value(field: str, value: str) -> None:
@@ -182,6 +192,9 @@ class Locations:
         self._template: Template | None = None
         self._function: Callable[[int], Location] | None = None
         self._dots = 0
+        self._relative: str | None = None
+        """A path/key pattern whose literal start is relative: its values may not make it
+        absolute (an empty first value before a '/', or ``{index:c}`` rendering one)."""
         if isinstance(source, Template):
             self._template = source
             if source.length is not None and length is not None and source.length != length:
@@ -193,7 +206,11 @@ class Locations:
                 source.check_values(resolved)
             self.length = resolved
             # The pattern's own '.'/'..' components are the user's; values may add none.
-            self._dots = _dot_components(source.render(0, lambda value: "x")[0], target)
+            shape = source.render(0, lambda value: "x")[0]
+            self._dots = _dot_components(shape, target)
+            if target != "url" and not shape.startswith(("/", "\\")):
+                self._relative = redact_text(source.pattern)
+                source.refuse_index_chars()
         elif isinstance(source, str | bytes):
             raise TypeError("locations must be a list, a function or a Template, not one string")
         elif _is_sequence(source):
@@ -231,6 +248,8 @@ class Locations:
                 raise ValueError(
                     f"location of item {index}: its values make a '.' or '..' component"
                 )
+            if self._relative is not None:
+                self._check_relative(index, rendered)
             return rendered
         if self._list is not None:
             location = self._list[index]
@@ -239,5 +258,17 @@ class Locations:
             location = self._function(index)
         key = location[0] if isinstance(location, tuple) else location
         if not isinstance(key, str):
-            raise TypeError(f"location of item {index} is not a str: {key!r}")
+            # Its value is not shown: a URL object or bytes may hold a password or signature.
+            raise TypeError(
+                f"location of item {index} is a {type(key).__name__}, not a str "
+                "(pass str(url) for a URL object)"
+            )
         return location
+
+    def _check_relative(self, index: int, location: str) -> None:
+        """A path or key that the pattern makes relative must stay so (see :meth:`render`)."""
+        if location.startswith(("/", "\\")):
+            raise ValueError(
+                f"location of item {index}: its values make the relative pattern "
+                f"{self._relative!r} an absolute path"
+            )

@@ -26,12 +26,18 @@ def channel_stats(
 
 
 class ToFloat:
-    """A uint8 image (HWC or CHW) to float32 in ``[0, 1]``."""
+    """A uint8 or uint16 image (HWC or CHW) to float32 in ``[0, 1]`` (divided by 255 or
+    65535)."""
 
     def __call__(self, index: int, item: Any) -> Image:
         """Convert ``item``."""
-        image = check_image("ToFloat", item, uint8=True, chw=None)
-        out: Image = np.divide(image, np.float32(255), dtype=np.float32)
+        if isinstance(item, np.ndarray) and item.dtype == np.uint16 and item.ndim == 3:
+            scale = np.float32(65535)
+            image = item
+        else:
+            image = check_image("ToFloat", item, uint8=True, chw=None)
+            scale = np.float32(255)
+        out: Image = np.divide(image, scale, dtype=np.float32)
         return out.view(CHWImage) if isinstance(image, CHWImage) else out
 
     def __repr__(self) -> str:
