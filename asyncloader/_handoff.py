@@ -110,7 +110,9 @@ class ThreadHandoff:
                         "the loader's event loop stopped before the epoch ended "
                         "(the loader was closed while this iterator was in use)"
                     ) from None
-        if value is not END:
+        if value is END:
+            self._ready.put(END)  # for every other thread that waits on this hand-off
+        else:
             # RuntimeError: the loop is gone, so nobody waits for the permit.
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._permits.release)

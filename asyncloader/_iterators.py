@@ -14,6 +14,7 @@ exception at its turn, after which iteration goes on with the next batch.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -31,6 +32,24 @@ from ._transform import Transform
 
 CANCEL_WAIT_S: Final = 5.0
 """How long an abandoned sync epoch waits until no thread runs the user's code any more."""
+
+_DRIVERS: set[asyncio.Task[None]] = set()
+"""Every running epoch's driver task. An iterator caught in a reference cycle (a traceback
+kept in the consumer's frame) would otherwise take its driver into the garbage with it, and
+the collector would destroy a pending task ("Task was destroyed but it is pending!") instead
+of the iterator's finalizer cancelling it."""
+
+
+def _keep(task: asyncio.Task[None]) -> None:
+    _DRIVERS.add(task)
+    task.add_done_callback(_DRIVERS.discard)
+
+
+def _inherited(pid: int) -> RuntimeError:
+    return RuntimeError(
+        f"this iterator was started in process {pid} before fork(); its threads and loop "
+        "are not in this process: start a new epoch here with iter(loader)"
+    )
 
 
 def _unwrap(value: object, with_indices: bool) -> Any:
@@ -124,6 +143,9 @@ class DirectIterator:
 
 
 async def _run_epoch(epoch: Any, finished: threading.Event) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    _keep(task)
     try:
         await epoch
     finally:
@@ -151,6 +173,7 @@ class ThreadedIterator:
         self._remaining = len(batches)
         loop_thread = self._loop_thread = runtime.loop_thread
         self._handoff = ThreadHandoff(prefetch_depth, loop_thread.loop)
+        self._pid = os.getpid()
         self._finished = threading.Event()
         self._future = loop_thread.submit(
             _run_epoch(drive(work, batches, self._handoff), self._finished)
@@ -165,6 +188,8 @@ class ThreadedIterator:
         return self._remaining
 
     def __next__(self) -> Any:
+        if self._pid != os.getpid():
+            raise _inherited(self._pid)
         if not self._open:
             raise StopIteration
         started = time.perf_counter()
@@ -196,13 +221,15 @@ class ThreadedIterator:
         if not self._open:
             return
         self._open = False
+        if self._pid != os.getpid():  # inherited through fork(): nothing of it runs here
+            return
         self._recorder.epoch_ended()
         if not self._finished.is_set() and not self._loop_thread.loop.is_closed():
             self._future.cancel()  # cancels the driver task on its loop
+        self._handoff.put(END)  # another thread blocked in next() returns too
         if sys.is_finalizing():
             return
-        on_loop = threading.current_thread() is self._loop_thread.thread
-        if wait and not on_loop:  # the loop cannot wait for itself
+        if wait and not self._runtime.runs_here():  # its own threads cannot wait for it
             deadline = time.monotonic() + CANCEL_WAIT_S
             self._finished.wait(CANCEL_WAIT_S)
             self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
@@ -234,6 +261,7 @@ class AsyncIterator:
         self._with_indices = with_indices
         self._handoff = AsyncHandoff(prefetch_depth)
         self._task: asyncio.Task[None] | None = None
+        self._pid = os.getpid()
         self._open = True
 
     def __aiter__(self) -> AsyncIterator:
@@ -243,6 +271,8 @@ class AsyncIterator:
         return self._remaining
 
     async def __anext__(self) -> Any:
+        if self._pid != os.getpid():
+            raise _inherited(self._pid)
         if not self._open:
             raise StopAsyncIteration
         if self._task is None:
@@ -250,6 +280,7 @@ class AsyncIterator:
             self._task = asyncio.get_running_loop().create_task(
                 drive(self._work, self._batches, self._handoff)
             )
+            _keep(self._task)
             self._work = None
             self._recorder.epoch_started()
         started = time.perf_counter()
@@ -290,6 +321,8 @@ class AsyncIterator:
     def _abandon(self) -> None:
         """Cancel the epoch without waiting (from any thread)."""
         self._end()
+        if getattr(self, "_pid", None) != os.getpid():
+            return
         task = getattr(self, "_task", None)
         if task is None or task.done():
             return

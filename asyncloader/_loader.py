@@ -61,7 +61,8 @@ class DataLoader:
         dataset: A map-style dataset: ``__len__`` and ``__getitem__`` (sync or ``async def``),
             optionally ``__getitems__(indices)`` and, for async datasets, ``async def aclose()``.
         batch_size: Samples per batch, at least 1.
-        shuffle: Draw a new permutation every epoch from ``(seed, epoch)``.
+        shuffle: Draw a new permutation every epoch from ``(seed, epoch)``; ``None`` (torch's
+            default) is ``False``.
         sampler: Any finite iterable of ``int`` (read whole at the start of each epoch) or a
             :class:`Sampler`; exclusive with ``shuffle``.
         seed: The seed of shuffling (and of random transforms); drawn once from the OS when
@@ -78,7 +79,9 @@ class DataLoader:
             threads when they take milliseconds.
         prefetch_depth: Finished batches that may wait for the consumer, at least 1.
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
-        timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` waits forever.
+        timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
+            in torch) waits forever. Honoured on every path: with a time-out, an epoch that
+            would run inline runs on the loader's loop thread.
         pin_memory: Pin torch batches (a no-op with a warning when CUDA is absent).
         rank: This process's rank; by default ``torch.distributed``'s when it is initialised,
             else ``RANK`` from the environment (torchrun sets it), else 0.
@@ -101,7 +104,7 @@ class DataLoader:
         self,
         dataset: Any,
         batch_size: int = 1,
-        shuffle: bool = False,
+        shuffle: bool | None = False,
         sampler: object = None,
         *,
         seed: int | None = None,
@@ -129,7 +132,7 @@ class DataLoader:
             timeout=timeout,
             pin_memory=pin_memory,
         )
-        self._shuffle = check_bool("shuffle", shuffle)
+        self._shuffle = False if shuffle is None else check_bool("shuffle", shuffle)
         _check_callable("transform", transform)
         _check_callable("collate_fn", collate_fn)
         self._seed_given = seed is not None
@@ -413,7 +416,9 @@ class DataLoader:
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         settings = self._settings
         batches, progress = self._start_epoch()
-        direct = not self._is_async and settings.num_workers == 0
+        # The direct path cannot stop a batch that outlasts `timeout`: with one, the epoch
+        # runs on the loop thread, whose hand-off honours it.
+        direct = not self._is_async and settings.num_workers == 0 and settings.timeout is None
         if direct and settings.item_concurrency == 1:
             return DirectIterator(
                 self._dataset,

@@ -156,6 +156,10 @@ class ThreadPool:
             thread.start()
             self._threads.append(thread)
 
+    def owns(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is one of this pool's."""
+        return thread in self._threads
+
     @property
     def busy(self) -> bool:
         """Whether a job is queued or running."""

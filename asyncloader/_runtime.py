@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -115,6 +116,13 @@ class Runtime:
         if self._parts.loop is None:
             self._parts.loop = LoopThread()
         return self._parts.loop
+
+    def runs_here(self) -> bool:
+        """Whether the calling thread is one of this runtime's (its loop or a pool's)."""
+        parts, current = self._parts, threading.current_thread()
+        if parts.loop is not None and parts.loop.thread is current:
+            return True
+        return any(pool is not None and pool.owns(current) for pool in (parts.cpu, parts.io))
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until neither pool runs a job; return whether that happened within ``timeout``."""

@@ -45,6 +45,10 @@ def check_timeout(name: str, value: object) -> float | None:
     return float(value)
 
 
+def _is_zero(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
 @dataclass(frozen=True)
 class Settings:
     """The numeric settings an epoch runs with (validated by :meth:`build`)."""
@@ -81,7 +85,8 @@ class Settings:
             cpu_threads=available_cpus()
             if cpu_threads is None
             else check_int("cpu_threads", cpu_threads, 1),
-            timeout=check_timeout("timeout", timeout),
+            # 0 is torch's default and means no time-out there too.
+            timeout=None if _is_zero(timeout) else check_timeout("timeout", timeout),
             pin_memory=check_bool("pin_memory", pin_memory),
         )
 

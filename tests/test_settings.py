@@ -20,7 +20,7 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"item_concurrency": 0}, ValueError, "item_concurrency"),
     ({"prefetch_depth": 0}, ValueError, "prefetch_depth"),
     ({"cpu_threads": 0}, ValueError, "cpu_threads"),
-    ({"timeout": 0}, ValueError, "timeout"),
+    ({"timeout": -1}, ValueError, "timeout"),  # 0 is torch's "no time-out"
     ({"timeout": float("nan")}, ValueError, "timeout"),
     ({"timeout": "1"}, TypeError, "timeout"),
     ({"drop_last": 1}, TypeError, "drop_last"),

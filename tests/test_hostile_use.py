@@ -1,0 +1,193 @@
+"""What torch users' code does to an iterator: two threads pulling from it, fork() with it
+alive, exceptions that keep it in a reference cycle, ``timeout`` on the default settings.
+What could hang runs in a child process with a hard time-out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncloader import DataLoader
+
+ROOT = Path(__file__).parent.parent
+
+
+def run_child(script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(("num_workers", "batches"), [(2, 50), (0, 50)])
+def test_two_threads_pulling_from_one_iterator_both_return(num_workers: int, batches: int) -> None:
+    loader = DataLoader(list(range(100)), batch_size=2, num_workers=num_workers)
+    iterator = iter(loader)
+    got: list[Any] = []
+    lock = threading.Lock()
+
+    def pull() -> None:
+        for batch in iterator:
+            with lock:
+                got.append(batch.tolist())
+
+    threads = [threading.Thread(target=pull, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert [thread.is_alive() for thread in threads] == [False, False]
+    assert sorted(got) == [[i, i + 1] for i in range(0, 100, 2)]
+    assert len(got) == batches
+    loader.close()
+
+
+def test_closing_an_iterator_wakes_a_thread_blocked_in_next() -> None:
+    release = threading.Event()
+
+    class Blocking:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> int:
+            release.wait(20)
+            return index
+
+    loader = DataLoader(Blocking(), num_workers=1)
+    iterator = iter(loader)
+    outcome: list[Any] = []
+    waiter = threading.Thread(target=lambda: outcome.append(next(iterator, "ended")))
+    waiter.start()
+    time.sleep(0.2)  # let it block in next(): there is nothing to wait on from here
+    threading.Thread(target=iterator.close).start()
+    waiter.join(timeout=3)
+    assert not waiter.is_alive()
+    assert outcome == ["ended"]
+    release.set()
+    loader.close()
+
+
+def test_timeout_holds_on_the_direct_path() -> None:
+    release = threading.Event()
+
+    class Slow:
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int) -> int:
+            release.wait(20)
+            return index
+
+    loader = DataLoader(Slow(), timeout=0.2)  # num_workers=0, item_concurrency=1
+    iterator = iter(loader)
+    with pytest.raises(TimeoutError, match=r"timeout=0\.2"):
+        next(iterator)
+    release.set()
+    assert next(iterator).tolist() == [0]  # the batch that timed out is not lost
+    loader.close()
+
+
+def test_timeout_zero_is_torchs_no_timeout() -> None:
+    loader = DataLoader(list(range(4)), batch_size=2, timeout=0)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
+
+
+def test_an_iterator_inherited_through_fork_raises_at_once() -> None:
+    result = run_child(
+        """
+        import os, time
+        from asyncloader import DataLoader
+        loader = DataLoader(list(range(64)), batch_size=2, num_workers=2)
+        it = iter(loader)
+        next(it)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                next(it)
+            except RuntimeError as error:
+                code = 0 if "before fork()" in str(error) else 4
+            started = time.monotonic()
+            del it
+            code = code or (5 if time.monotonic() - started > 1.0 else 0)
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        assert len(list(it)) == 31  # the parent's epoch goes on
+        loader.close()
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["child", "0"]
+
+
+CYCLE = """
+import asyncio, gc, sys, time
+from asyncloader import DataLoader
+
+class Boom:
+    def __len__(self):
+        return 64
+
+    {define} __getitem__(self, index):
+        if index == 0:
+            raise ValueError("bad item")
+        return index
+
+loader = DataLoader(Boom(), batch_size=4, num_workers=4)
+
+{define} consume():
+    it = {start}
+    try:
+        {next}
+    except ValueError as error:
+        kept = error  # the frame holds its own traceback: the iterator is in a cycle
+
+async def main():
+    gc.disable()
+    {call}
+    await asyncio.sleep(0.3)  # the driver fills its window and waits for a permit
+    started = time.monotonic()
+    gc.collect()
+    print(f"{{time.monotonic() - started:.2f}}")
+    await asyncio.sleep(0.1)
+    {close}
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_iterator_in_a_reference_cycle_is_collected_quickly_and_quietly(kind: str) -> None:
+    if kind == "async":
+        script = CYCLE.format(
+            define="async def",
+            start="aiter(loader)",
+            next="await anext(it)",
+            call="await consume()",
+            close="await loader.aclose()",
+        )
+    else:
+        script = CYCLE.format(
+            define="def",
+            start="iter(loader)",
+            next="next(it)",
+            call="await asyncio.to_thread(consume)",
+            close="loader.close()",
+        )
+    result = run_child(script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Task was destroyed" not in result.stderr
+    assert "GeneratorExit" not in result.stderr
+    assert result.stderr == ""
+    assert float(result.stdout.strip()) < 2.5  # not the 5 s bounded wait
