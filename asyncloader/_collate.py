@@ -22,23 +22,27 @@ def _is_tensor(item: object) -> bool:
     return torch is not None and isinstance(item, torch.Tensor)
 
 
-def default_collate(items: Sequence[Any]) -> Any:
+def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
     """Collate a batch's items into one value.
 
     Args:
-        items: The batch's items, all of the same structure.
+        items: The batch's items, all of the same structure (a list, or any sequence of them:
+            an array's rows, a range).
 
     Returns:
         A stacked array for arrays and numbers, a stacked tensor for tensors, the same
-        container for dicts, tuples, lists and namedtuples (collated per field), or a list
-        for ``str`` and bytes-like items.
+        container for dicts, tuples, lists and namedtuples (collated per field), other
+        sequences collated element-wise (into their type when it can be built from a list,
+        else a list), or a list for ``str`` and bytes-like items.
 
     Raises:
         TypeError: The items have no collation rule, or differ in type or structure.
         ValueError: Arrays of different shapes.
     """
-    if not items:
+    if len(items) == 0:  # `not items` is ambiguous for an array of items
         return []
+    if not isinstance(items, list | tuple):
+        items = list(items)  # an array, a range or another sequence of items
     first = items[0]
     if isinstance(first, np.ndarray):
         shapes = {item.shape for item in items if isinstance(item, np.ndarray)}
@@ -67,10 +71,23 @@ def default_collate(items: Sequence[Any]) -> Any:
     if isinstance(first, tuple | list):
         fields = default_collate_fields(items, len(first))
         return tuple(fields) if isinstance(first, tuple) else fields
+    if isinstance(first, Sequence):  # a range, or any other sequence: element-wise, as torch
+        fields = default_collate_fields([list(item) for item in _sequences(items)], len(first))
+        try:
+            return type(first)(fields)  # type: ignore[call-arg]
+        except TypeError:  # a sequence type that cannot be built from a list (range)
+            return fields
     raise TypeError(
         f"default_collate cannot collate items of type {type(first).__name__}; "
         "pass collate_fn=list to keep the items as they are"
     )
+
+
+def _sequences(items: Sequence[Any]) -> Sequence[Any]:
+    for item in items:
+        if isinstance(item, str | bytes | bytearray) or not isinstance(item, Sequence):
+            raise TypeError(f"default_collate: a batch mixes sequences and {type(item).__name__}")
+    return items
 
 
 def _field(item: object, key: object) -> Any:

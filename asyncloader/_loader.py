@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
+import warnings
 from collections.abc import AsyncIterator as AsyncIteratorABC
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -20,11 +22,14 @@ from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._sampler import (
     Batches,
     DistributedSampler,
+    EpochFollower,
+    ListedBatches,
     RandomSampler,
     Sampler,
     SequentialSampler,
     batch_count,
     cut_batches,
+    read_batch_sampler,
     read_sampler,
     sampler_length,
 )
@@ -32,13 +37,16 @@ from ._settings import Settings, check_bool, check_int
 from ._skip import Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import (
-    FORMAT,
+    Expected,
     Progress,
     Resume,
-    check_compatible,
+    capture_sampler,
+    check_state,
     elastic_indices,
-    order_of,
-    sampler_state,
+    restore_sampler,
+    shared_order,
+    warn_if_unrestorable,
+    write_state,
 )
 from ._stats import LoaderStats, Recorder
 from ._transform import Transform
@@ -51,6 +59,44 @@ def _check_callable(name: str, value: object) -> None:
         raise TypeError(f"{name} must be callable or None, got {value!r}")
 
 
+def _check_batch_sampler(
+    batch_sampler: object, batch_size: object, shuffle: object, sampler: object, drop_last: object
+) -> object:
+    if batch_sampler is None:
+        return None
+    if batch_size != 1 or shuffle or sampler is not None or drop_last:
+        raise ValueError(
+            "batch_sampler is exclusive with batch_size, shuffle, sampler and drop_last "
+            "(as in torch): the batch sampler makes the batches"
+        )
+    if isinstance(batch_sampler, str | bytes) or not hasattr(batch_sampler, "__iter__"):
+        raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
+    return batch_sampler
+
+
+def _seed_from(generator: Any) -> int:
+    """A seed drawn from a ``torch.Generator`` (torch's way of seeding a loader's shuffle)."""
+    import torch
+
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return int(torch.randint(0, 2**62, (), generator=generator))
+
+
+def _unbatched(collate_fn: Callable[[Any], Any] | None) -> Callable[[list[Any]], Any]:
+    """With ``batch_size=None`` each "batch" is one item, given to ``collate_fn`` alone."""
+    convert = collate_fn if collate_fn is not None else _as_is
+
+    def collate(items: list[Any]) -> Any:
+        return convert(items[0]) if items else []  # [] once errors="skip" dropped the item
+
+    return collate
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
 class DataLoader:
     """Batches of a dataset, in order, with bounded prefetching; one epoch per iteration.
 
@@ -60,13 +106,20 @@ class DataLoader:
     Args:
         dataset: A map-style dataset: ``__len__`` and ``__getitem__`` (sync or ``async def``),
             optionally ``__getitems__(indices)`` and, for async datasets, ``async def aclose()``.
-        batch_size: Samples per batch, at least 1.
+        batch_size: Samples per batch, at least 1. ``None`` (as in torch) turns batching off:
+            each item comes out alone, ``collate_fn`` called with the item itself (by default
+            the item as it is), and ``len(loader)`` counts items.
         shuffle: Draw a new permutation every epoch from ``(seed, epoch)``; ``None`` (torch's
             default) is ``False``.
         sampler: Any finite iterable of ``int`` (read whole at the start of each epoch) or a
             :class:`Sampler`; exclusive with ``shuffle``.
+        batch_sampler: Any iterable of index lists (a torch ``BatchSampler`` too), read whole at
+            the start of each epoch: each list is a batch. Exclusive with ``batch_size``,
+            ``shuffle``, ``sampler`` and ``drop_last``, as in torch.
         seed: The seed of shuffling (and of random transforms); drawn once from the OS when
             ``None``.
+        generator: A ``torch.Generator`` the seed is drawn from (torch's way of seeding the
+            shuffle); exclusive with ``seed``.
         drop_last: Drop the last batch of an epoch when it is short.
         transform: ``f(index, item) -> item``, run on the CPU pool.
         collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
@@ -96,18 +149,21 @@ class DataLoader:
             listing the first failures. ``None``: no limit.
 
     Raises:
-        TypeError: A setting has the wrong type, or the dataset is not a map-style dataset.
-        ValueError: A setting is out of range, or ``sampler`` is given with ``shuffle``.
+        TypeError: A setting has the wrong type, or the dataset is not a map-style dataset (a
+            torch ``IterableDataset`` or another stream among them).
+        ValueError: A setting is out of range, or exclusive settings are given together.
     """
 
     def __init__(
         self,
         dataset: Any,
-        batch_size: int = 1,
+        batch_size: int | None = 1,
         shuffle: bool | None = False,
         sampler: object = None,
+        batch_sampler: object = None,
         *,
         seed: int | None = None,
+        generator: Any = None,
         drop_last: bool = False,
         transform: Transform | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -122,8 +178,14 @@ class DataLoader:
         errors: str = "raise",
         max_errors: int | float | None = None,
     ) -> None:
+        self._unbatched = batch_size is None
+        self._batch_sampler = _check_batch_sampler(
+            batch_sampler, batch_size, shuffle, sampler, drop_last
+        )
+        if self._unbatched and drop_last:
+            raise ValueError("batch_size=None turns batching off: drop_last=True has no meaning")
         self._settings = Settings.build(
-            batch_size=batch_size,
+            batch_size=1 if batch_size is None or self._batch_sampler is not None else batch_size,
             drop_last=drop_last,
             num_workers=num_workers,
             item_concurrency=item_concurrency,
@@ -135,10 +197,14 @@ class DataLoader:
         self._shuffle = False if shuffle is None else check_bool("shuffle", shuffle)
         _check_callable("transform", transform)
         _check_callable("collate_fn", collate_fn)
+        if generator is not None:
+            if seed is not None:
+                raise ValueError("seed and generator are exclusive; pass one of them")
+            seed = _seed_from(generator)
         self._seed_given = seed is not None
         self._seed = secrets.randbits(63) if seed is None else check_int("seed", seed, 0)
         self._rank, self._world_size = resolve_ranks(rank, world_size)
-        self._owns_sampler = sampler is None
+        self._owns_sampler = sampler is None and self._batch_sampler is None
         if sampler is not None:
             if shuffle:
                 raise ValueError("sampler and shuffle=True are exclusive; pass one of them")
@@ -146,11 +212,14 @@ class DataLoader:
                 raise TypeError(f"sampler must be an iterable of int, got {sampler!r}")
             self._sampler: object = sampler
         else:
-            self._sampler = self._default_sampler()
+            self._sampler = self._default_sampler(self._seed)
+        self._follower = EpochFollower(self._order_source)
         self._is_async = is_async_dataset(dataset)
         self._dataset = dataset
         self._transform = transform
         collate = default_collate if collate_fn is None else collate_fn
+        if self._unbatched:
+            collate = _unbatched(collate_fn)
         if self._settings.pin_memory and pinning_available():
             self._collate: Callable[[list[Any]], Any] = lambda items: pin_batch(collate(items))
         else:
@@ -162,19 +231,23 @@ class DataLoader:
         self._progress: Progress | None = None
         self._resume: Resume | None = None
         self._skipper: Skipper | None = None
-        self._sampler_state_at_start: Any = None
         self._runtime: Runtime | None = None
 
-    def _default_sampler(self) -> Sampler:
+    def _default_sampler(self, seed: int) -> Sampler:
         if self._world_size > 1:
             return DistributedSampler(
                 self._world_size,
                 self._rank,
                 shuffle=self._shuffle,
-                seed=self._seed,
+                seed=seed,
                 drop_last=self._settings.drop_last,
             )
-        return RandomSampler(self._seed) if self._shuffle else SequentialSampler()
+        return RandomSampler(seed) if self._shuffle else SequentialSampler()
+
+    @property
+    def _order_source(self) -> object:
+        """What orders an epoch: the batch sampler when there is one, else the sampler."""
+        return self._batch_sampler if self._batch_sampler is not None else self._sampler
 
     # -- the settings, read-only ------------------------------------------------------------
 
@@ -189,9 +262,16 @@ class DataLoader:
         return self._sampler
 
     @property
-    def batch_size(self) -> int:
-        """Samples per batch."""
+    def batch_size(self) -> int | None:
+        """Samples per batch (``None`` with ``batch_sampler`` or without batching, as torch)."""
+        if self._unbatched or self._batch_sampler is not None:
+            return None
         return self._settings.batch_size
+
+    @property
+    def batch_sampler(self) -> object:
+        """The batch sampler, if one was given."""
+        return self._batch_sampler
 
     @property
     def drop_last(self) -> bool:
@@ -258,30 +338,24 @@ class DataLoader:
         """The loader's position, as a small JSON-serialisable dict.
 
         It counts the batches the consumer received (a failed batch too), never the ones
-        merely prefetched. Between epochs it names the next epoch with 0 batches received.
+        merely prefetched. Between epochs it names the next epoch with 0 batches received;
+        after :meth:`load_state_dict` and before the next batch, the position loaded.
         """
-        progress = self._progress
+        resume, progress = self._resume, self._progress
+        if resume is not None and resume.epoch == self._epoch:
+            return {**json.loads(json.dumps(resume.state)), "rank": self._rank}
         if progress is not None and not progress.done:
-            epoch, received, custom = (
+            return write_state(
+                self._expected(),
+                self._rank,
                 progress.epoch,
                 progress.received,
-                self._sampler_state_at_start,
+                progress.offset,
+                progress.sampler,
             )
-        else:
-            epoch, received = self._epoch, 0
-            custom = self._custom_sampler_state()
-        return {
-            "format": FORMAT,
-            "epoch": epoch,
-            "batches_received": received,
-            "seed": self._seed,
-            "dataset_length": len(self._dataset),
-            "batch_size": self._settings.batch_size,
-            "drop_last": self._settings.drop_last,
-            "world_size": self._world_size,
-            "rank": self._rank,
-            "sampler": sampler_state(self._sampler, custom),
-        }
+        return write_state(
+            self._expected(), self._rank, self._epoch, 0, 0, capture_sampler(self._order_source)
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next epoch yields the batches it had not yet handed over.
@@ -290,44 +364,39 @@ class DataLoader:
         this rank gets its share of the samples that no rank had received.
 
         Raises:
-            ValueError: The state comes from an incompatible loader (another format, dataset
-                length, batch size, ``drop_last`` or sampler order); the message says which.
+            ValueError: The state is not one this loader could have saved: a field missing,
+                unknown, out of range, or different from this loader's (another format,
+                dataset length, batch size, ``drop_last``, seed or sampler order, a position
+                past the end of its epoch). The message names the field, and the loader is
+                left as it was.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"a loader state is a dict, got {type(state).__name__}")
-        saved_seed = state.get("seed")
-        if self._owns_sampler and not self._seed_given and isinstance(saved_seed, int):
-            # The seed was drawn from the OS: adopt the saved one, so the order is the same.
-            self._seed = saved_seed
-            self._sampler = self._default_sampler()
-        check_compatible(state, self._describe())
-        saved_sampler = state["sampler"]
-        if saved_sampler.get("kind") == "custom":
-            self._sampler.load_state_dict(saved_sampler["state"])  # type: ignore[attr-defined]
-        order = order_of(self._sampler) or (False, 0)
-        self._epoch = state["epoch"]
+        resume, generator = check_state(state, self._expected())
+        restore_sampler(self._order_source, resume.state["sampler"], generator)
+        if not self._seed_given:
+            # The seed was drawn from the OS: adopt the saved one, so the order (and the
+            # augmentation) is the same.
+            self._seed = resume.state["seed"]
+            if self._owns_sampler:
+                self._sampler = self._default_sampler(self._seed)
+        why = warn_if_unrestorable(self._order_source)
+        if why is not None:
+            warnings.warn(why, stacklevel=2)
+        self._epoch = resume.epoch
         self._progress = None
-        self._resume = Resume(
-            epoch=state["epoch"],
-            batches=state["batches_received"],
-            world_size=state["world_size"],
-            shuffle=order[0],
-            seed=order[1],
+        self._resume = resume
+
+    def _expected(self) -> Expected:
+        return Expected(
+            dataset_length=len(self._dataset),
+            batch_size=self.batch_size,
+            drop_last=self._settings.drop_last,
+            seed=self._seed,
+            adopts_seed=not self._seed_given,
+            sampler=self._order_source,
+            batch_sampler=self._batch_sampler is not None,
+            world_size=self._world_size,
+            default_sampler=self._default_sampler if self._owns_sampler else None,
         )
-
-    def _describe(self) -> dict[str, Any]:
-        return {
-            "dataset_length": len(self._dataset),
-            "batch_size": self._settings.batch_size,
-            "drop_last": self._settings.drop_last,
-            "sampler": sampler_state(self._sampler, None),
-        }
-
-    def _custom_sampler_state(self) -> Any:
-        if isinstance(self._sampler, Sampler):
-            return None
-        get_state = getattr(self._sampler, "state_dict", None)
-        return get_state() if callable(get_state) else None
 
     def __len__(self) -> int:
         """The number of batches per epoch (PyTorch's convention).
@@ -335,31 +404,45 @@ class DataLoader:
         Raises:
             TypeError: The sampler has no ``__len__``.
         """
+        if self._batch_sampler is not None:
+            return sampler_length(self._batch_sampler, 0)
         samples = sampler_length(self._sampler, len(self._dataset))
         return batch_count(samples, self._settings.batch_size, self._settings.drop_last)
 
     # -- epochs -----------------------------------------------------------------------------
 
-    def _start_epoch(self) -> tuple[Batches, Progress]:
+    def _start_epoch(self) -> tuple[Sequence[list[int]], Progress]:
         """Fix the batches of the next epoch (the sampler is read whole, now).
 
         After a loaded state, the batches already received are left out, never fetched.
         """
-        epoch, length = self._epoch, len(self._dataset)
+        epoch = self._follower.epoch(self._epoch)
+        length = len(self._dataset)
         resume, self._resume = self._resume, None
         if resume is not None and resume.epoch != epoch:
             resume = None
-        skip = 0
-        indices: Sequence[int]
-        if resume is not None and resume.world_size != self._world_size:
-            indices = self._elastic_indices(resume, length)
+        skip = resume.batches if resume is not None else 0
+        offset = 0
+        recorded = capture_sampler(self._order_source)
+        batches: Batches | ListedBatches
+        if self._batch_sampler is not None:
+            batches = read_batch_sampler(self._batch_sampler)  # type: ignore[arg-type]
         else:
-            self._sampler_state_at_start = self._custom_sampler_state()
-            indices = read_sampler(self._sampler, length, epoch)
-            skip = resume.batches if resume is not None else 0
-        batches = cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
+            indices: Sequence[int]
+            if resume is not None and (resume.world_size != self._world_size or resume.offset):
+                order = shared_order(self._sampler, length, resume.epoch)
+                offset = resume.offset
+                if resume.world_size != self._world_size:
+                    per_rank = resume.batches * self._settings.batch_size
+                    offset, skip = offset + resume.world_size * per_rank, 0
+                indices = elastic_indices(
+                    order, offset, self._world_size, self._rank, self._settings.drop_last
+                )
+            else:
+                indices = read_sampler(self._sampler, length, epoch)
+            batches = cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
         self._epoch = epoch + 1
-        progress = Progress(epoch, received=min(skip, len(batches)))
+        progress = Progress(epoch, min(skip, len(batches)), offset=offset, sampler=recorded)
         self._progress = progress
         self._skipper = (
             Skipper(epoch_budget(self._max_errors, batches.items), self._recorder)
@@ -367,27 +450,6 @@ class DataLoader:
             else None
         )
         return batches[skip:], progress
-
-    def _elastic_indices(self, resume: Resume, length: int) -> list[int]:
-        order = order_of(self._sampler)
-        if order is None:
-            raise ValueError(
-                f"a state saved by {resume.world_size} ranks can only be loaded by "
-                f"{self._world_size} with a built-in sampler"
-            )
-        shared = (
-            self._sampler.global_order(length, resume.epoch)
-            if isinstance(self._sampler, DistributedSampler)
-            else read_sampler(self._sampler, length, resume.epoch)
-        )
-        return elastic_indices(
-            shared,
-            resume.world_size,
-            resume.batches * self._settings.batch_size,
-            self._world_size,
-            self._rank,
-            self._settings.drop_last,
-        )
 
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.

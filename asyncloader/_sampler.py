@@ -3,14 +3,14 @@
 The built-in samplers are functions of ``(dataset length, epoch)``, so an epoch's order can be
 recomputed from two numbers. Any other finite iterable of ``int`` works too: it is read whole at
 the start of each epoch (after ``set_epoch(epoch)`` when it has one, as torch's
-``DistributedSampler`` expects).
+``DistributedSampler`` expects, unless its user set the epoch: :class:`EpochFollower`).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -173,20 +173,69 @@ def read_sampler(sampler: object, length: int, epoch: int) -> Sequence[int]:
     if isinstance(sampler, Sampler):
         drawn = sampler.indices(length, epoch)
         return drawn if isinstance(drawn, range | list | Permutation) else list(drawn)
-    set_epoch = getattr(sampler, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
     assert isinstance(sampler, Iterable)
     indices: list[int] = []
     for position, value in enumerate(sampler):
-        try:
-            indices.append(operator.index(value))
-        except TypeError:
-            raise TypeError(
-                f"sampler yielded {value!r} ({type(value).__name__}) at position {position}; "
-                "indices must be integers"
-            ) from None
+        indices.append(_index(value, "sampler", position))
     return indices
+
+
+def _index(value: Any, what: str, position: int) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{what} yielded {value!r} ({type(value).__name__}) at position {position}; "
+            "indices must be integers"
+        ) from None
+
+
+def read_batch_sampler(batch_sampler: Iterable[object]) -> ListedBatches:
+    """Read one epoch of ``batch_sampler`` (lists of indices), checking each index."""
+    batches: list[list[int]] = []
+    for number, batch in enumerate(batch_sampler):
+        if isinstance(batch, str | bytes) or not isinstance(batch, Iterable):
+            raise TypeError(
+                f"batch_sampler yielded {type(batch).__name__} for batch {number}; "
+                "each batch must be an iterable of indices"
+            )
+        batches.append(
+            [_index(value, f"batch_sampler batch {number}", i) for i, value in enumerate(batch)]
+        )
+    return ListedBatches(batches)
+
+
+class EpochFollower:
+    """Tells a sampler with ``set_epoch`` which epoch runs, unless its user did.
+
+    torch's documented loop calls ``sampler.set_epoch(epoch)`` itself before each epoch: the
+    epoch it set (seen in the sampler's ``epoch`` attribute, changed since the loader last
+    looked) is then the one that runs, and the loader's epoch follows it. Otherwise the
+    loader calls ``set_epoch`` with its own epoch number.
+    """
+
+    def __init__(self, sampler: object) -> None:
+        self._target: Any = next(
+            (s for s in (sampler, getattr(sampler, "sampler", None)) if _has_set_epoch(s)), None
+        )
+        self._seen = getattr(self._target, "epoch", None)
+
+    def epoch(self, epoch: int) -> int:
+        """The epoch that runs next, given the loader's; sets it on the sampler if need be."""
+        target = self._target
+        if target is None:
+            return epoch
+        current = getattr(target, "epoch", None)
+        if isinstance(current, int) and current != self._seen and current >= 0:
+            self._seen = current
+            return current  # the user's set_epoch
+        target.set_epoch(epoch)
+        self._seen = getattr(target, "epoch", None)
+        return epoch
+
+
+def _has_set_epoch(sampler: object) -> bool:
+    return sampler is not None and callable(getattr(sampler, "set_epoch", None))
 
 
 def sampler_length(sampler: object, length: int) -> int:
@@ -244,6 +293,34 @@ class Batches(Sequence[list[int]]):
         """The number of indices in these batches."""
         size, stop = self._batch_size, self._stop
         return sum(min(size, stop - number * size) for number in self._numbers)
+
+
+class ListedBatches(Sequence[list[int]]):
+    """An epoch's batches as a ``batch_sampler`` gave them."""
+
+    __slots__ = ("_batches",)
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self._batches = batches
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @overload
+    def __getitem__(self, key: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> ListedBatches: ...
+
+    def __getitem__(self, key: int | slice) -> list[int] | ListedBatches:
+        if isinstance(key, slice):
+            return ListedBatches(self._batches[key])
+        return self._batches[key]
+
+    @property
+    def items(self) -> int:
+        """The number of indices in these batches."""
+        return sum(len(batch) for batch in self._batches)
 
 
 def cut_batches(indices: Sequence[int], batch_size: int, drop_last: bool) -> Batches:

@@ -8,6 +8,7 @@ lacking ``__len__`` or ``__getitem__``, is refused when the loader is built.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,11 @@ def is_async_dataset(dataset: object) -> bool:
         TypeError: It lacks ``__len__`` or ``__getitem__``, or mixes sync and async methods.
     """
     kind = type(dataset).__name__
+    if _is_stream(dataset):
+        raise TypeError(
+            f"dataset {kind} is an iterable (stream) dataset: asyncloader reads map-style "
+            "datasets (__len__ and __getitem__); streams and shards are not supported yet"
+        )
     if not hasattr(dataset, "__len__"):
         raise TypeError(f"dataset {kind} has no __len__; map-style datasets need one")
     if not hasattr(dataset, "__getitem__"):
@@ -36,6 +42,16 @@ def is_async_dataset(dataset: object) -> bool:
         )
         raise TypeError(f"dataset {kind} mixes sync and async item methods ({described})")
     return methods["__getitem__"]
+
+
+def _is_stream(dataset: object) -> bool:
+    """A torch ``IterableDataset`` (whose ``__getitem__`` is the base class's, which raises),
+    or anything iterable with no ``__getitem__`` of its own."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
+        return True
+    iterable = hasattr(dataset, "__iter__") or hasattr(dataset, "__aiter__")
+    return iterable and not hasattr(dataset, "__getitem__")
 
 
 def _refuse_awaitable(item: object, what: str) -> None:

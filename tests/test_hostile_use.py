@@ -64,7 +64,7 @@ def test_closing_an_iterator_wakes_a_thread_blocked_in_next() -> None:
             return index
 
     loader = DataLoader(Blocking(), num_workers=1)
-    iterator = iter(loader)
+    iterator: Any = iter(loader)
     outcome: list[Any] = []
     waiter = threading.Thread(target=lambda: outcome.append(next(iterator, "ended")))
     waiter.start()

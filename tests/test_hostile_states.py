@@ -1,0 +1,345 @@
+"""Saved states no loader wrote, resume at the edges, and the forms torch users' code takes:
+torch samplers with generators, ``set_epoch``, ``batch_size=None``, ``batch_sampler``,
+``generator``, an ``IterableDataset``, and what ``default_collate`` is handed."""
+
+from __future__ import annotations
+
+import collections.abc
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, IterableDataset
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+from torch.utils.data import RandomSampler as TorchRandomSampler
+
+from asyncloader import DataLoader, default_collate
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+from .datasets import SyncData
+
+
+def batches(loader: DataLoader) -> list[list[int]]:
+    return [np.asarray(batch).tolist() for batch in loader]
+
+
+def taken(loader: DataLoader, count: int) -> dict[str, Any]:
+    """The state after the consumer took ``count`` batches of a fresh epoch."""
+    iterator: Any = iter(loader)
+    for _ in range(count):
+        next(iterator)
+    state = loader.state_dict()
+    iterator.close()
+    return state
+
+
+class Rotating:
+    """A sampler with a state of its own."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.shift = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.shift += 1
+        return iter([(i + self.shift) % self.n for i in range(self.n)])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict[str, int]:
+        return {"shift": self.shift}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if not isinstance(state.get("shift"), int):
+            raise KeyError("shift")
+        self.shift = state["shift"]
+
+
+CONFIGS: dict[str, Callable[[], DataLoader]] = {
+    "shuffled": lambda: DataLoader(SyncData(23), batch_size=4, shuffle=True, seed=3),
+    "os seed": lambda: DataLoader(SyncData(23), batch_size=4, shuffle=True),
+    "rank 1 of 2": lambda: DataLoader(
+        SyncData(23), batch_size=4, shuffle=True, seed=3, rank=1, world_size=2
+    ),
+    "custom sampler": lambda: DataLoader(SyncData(23), batch_size=4, sampler=Rotating(23)),
+    "torch generator": lambda: DataLoader(
+        SyncData(23),
+        batch_size=4,
+        sampler=TorchRandomSampler(range(23), generator=torch.Generator().manual_seed(1)),
+    ),
+    "batch sampler": lambda: DataLoader(
+        SyncData(23),
+        batch_sampler=BatchSampler(
+            TorchRandomSampler(range(23), generator=torch.Generator().manual_seed(2)), 5, False
+        ),
+    ),
+    "unbatched": lambda: DataLoader(SyncData(9), batch_size=None, shuffle=True, seed=4),
+}
+HOSTILE: list[object] = [
+    -1,
+    0,
+    1,
+    2,
+    10**30,
+    None,
+    "3",
+    2.5,
+    True,
+    [],
+    {},
+    {"kind": "random"},
+    "random",
+]
+
+
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    config=st.sampled_from(sorted(CONFIGS)),
+    point=st.integers(0, 7),
+    field=st.sampled_from(
+        [
+            "format",
+            "epoch",
+            "batches_received",
+            "seed",
+            "dataset_length",
+            "batch_size",
+            "drop_last",
+            "world_size",
+            "rank",
+            "sampler",
+            "offset",
+            "extra",
+        ]
+    ),
+    value=st.sampled_from([*HOSTILE, "<delete>"]),
+)
+def test_a_mutated_state_is_refused_naming_its_field_or_resumes_cleanly(
+    config: str, point: int, field: str, value: object
+) -> None:
+    make = CONFIGS[config]
+    with make() as first:
+        state = taken(first, min(point, len(first)))
+    mutated = json.loads(json.dumps(state))
+    if value == "<delete>":
+        mutated.pop(field, None)
+    else:
+        mutated[field] = value
+    with make() as second:
+        before = second.state_dict()
+        refused = None
+        try:
+            second.load_state_dict(mutated)
+        except ValueError as error:
+            refused = str(error)
+        if refused is not None:
+            shown = "state" if field not in state and value == "<delete>" else field
+            assert shown in refused, (field, value, refused)
+            assert second.state_dict() == before, "a refused state changed the loader"
+            with make() as fresh:
+                fresh.load_state_dict(before)  # the loader as it was, seed and sampler
+                assert batches(second) == batches(fresh)
+            return
+        # Accepted: it is a state some loader of this kind could have saved. It runs whole.
+        assert len(batches(second)) <= len(second)
+
+
+def test_a_position_past_the_end_and_zero_ranks_are_refused() -> None:
+    with DataLoader(SyncData(12), batch_size=3, shuffle=True, seed=1) as loader:
+        state = loader.state_dict()
+        changes: list[tuple[dict[str, Any], str]] = [
+            ({"batches_received": 5}, "batches_received"),
+            ({"world_size": 0}, "world_size"),
+            ({"rank": 2, "world_size": 2}, "rank"),
+            ({"seed": -5}, "seed"),
+            ({"sampler": "random"}, "sampler"),
+            ({"offset": 13}, "offset"),
+        ]
+        for change, field in changes:
+            with pytest.raises(ValueError, match=field):
+                loader.load_state_dict({**state, **change})
+        assert loader.seed == 1
+        assert loader.state_dict() == state
+        loader.load_state_dict({**state, "batches_received": 4})  # the whole epoch received
+        assert batches(loader) == []
+
+
+def test_a_refused_state_leaves_an_os_drawn_seed_alone() -> None:
+    loader = DataLoader(SyncData(12), batch_size=3, shuffle=True)
+    seed, expected = (
+        loader.seed,
+        batches(DataLoader(SyncData(12), batch_size=3, shuffle=True, seed=loader.seed)),
+    )
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="world_size"):
+        loader.load_state_dict({**state, "seed": 7, "world_size": 0})
+    assert loader.seed == seed
+    assert batches(loader) == expected
+
+
+def test_the_state_right_after_loading_is_the_position_loaded() -> None:
+    make = CONFIGS["shuffled"]
+    with make() as first:
+        state = taken(first, 3)
+        rest = batches(first)  # a new epoch 0 from the start... so compute from a reload
+    with make() as reference:
+        reference.load_state_dict(state)
+        rest = batches(reference)
+    with make() as second:
+        second.load_state_dict(state)
+        again = second.state_dict()
+    assert again["epoch"] == 0
+    assert again["batches_received"] == 3
+    with make() as third:
+        third.load_state_dict(json.loads(json.dumps(again)))
+        assert batches(third) == rest
+
+
+def test_a_state_saved_inside_an_elastic_epoch_resumes_into_the_same_shares() -> None:
+    def loader(rank: int, world: int) -> DataLoader:
+        return DataLoader(
+            SyncData(40), batch_size=2, shuffle=True, seed=6, rank=rank, world_size=world
+        )
+
+    with loader(0, 2) as saved_by_two:
+        state = taken(saved_by_two, 3)
+    for rank in range(3):
+        with loader(rank, 3) as uninterrupted:
+            uninterrupted.load_state_dict(state)
+            expected = batches(uninterrupted)
+        with loader(rank, 3) as first:
+            first.load_state_dict(state)
+            iterator: Any = iter(first)
+            head = [np.asarray(next(iterator)).tolist() for _ in range(2)]
+            inner = first.state_dict()
+            iterator.close()
+        assert inner["offset"] == 12  # 2 ranks x 3 batches x 2 samples
+        with loader(rank, 3) as second:
+            second.load_state_dict(json.loads(json.dumps(inner)))
+            assert head + batches(second) == expected
+
+
+@pytest.mark.parametrize("config", ["torch generator", "batch sampler", "custom sampler"])
+def test_resume_is_exact_in_later_epochs_with_torch_samplers(config: str) -> None:
+    assert_equal_output_after_checkpoint(CONFIGS[config], epochs=3)
+
+
+def test_a_torch_sampler_without_a_generator_warns_on_load() -> None:
+    def make() -> DataLoader:
+        return DataLoader(SyncData(10), batch_size=2, sampler=TorchRandomSampler(range(10)))
+
+    with make() as first:
+        state = first.state_dict()
+    with make() as second, pytest.warns(UserWarning, match="global random state"):
+        second.load_state_dict(state)
+
+
+def test_torch_distributed_sampler_gets_the_epoch_its_user_set() -> None:
+    indices: Any = range(20)
+    sampler: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
+    loader = DataLoader(SyncData(20), batch_size=5, sampler=sampler)
+    reference: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
+    for epoch in range(3, 6):  # torch's documented loop, started at a later epoch
+        sampler.set_epoch(epoch)
+        reference.set_epoch(epoch)
+        got = [i for batch in batches(loader) for i in batch]
+        assert got == list(reference)
+        assert loader.epoch == epoch + 1
+    second = list(batches(loader))  # no set_epoch: the loader's own epoch, 6
+    reference.set_epoch(6)
+    assert [i for batch in second for i in batch] == list(reference)
+
+
+def test_batch_size_none_yields_items_one_by_one() -> None:
+    loader = DataLoader(SyncData(5), batch_size=None)
+    assert len(loader) == 5
+    assert loader.batch_size is None
+    assert [int(item) for item in loader] == [0, 1, 2, 3, 4]
+    assert list(DataLoader(SyncData(3), batch_size=None, collate_fn=lambda x: x * 10)) == [
+        0,
+        10,
+        20,
+    ]
+    with pytest.raises(ValueError, match="drop_last"):
+        DataLoader(SyncData(3), batch_size=None, drop_last=True)
+    assert_equal_output_after_checkpoint(CONFIGS["unbatched"], epochs=2)
+
+
+def test_batch_sampler_makes_the_batches() -> None:
+    plain = [[3, 1], [0], [2, 4, 5]]
+    loader = DataLoader(SyncData(6), batch_sampler=plain)
+    assert len(loader) == 3
+    assert loader.batch_size is None
+    assert batches(loader) == plain
+    torch_made = BatchSampler(range(7), 3, drop_last=True)
+    assert batches(DataLoader(SyncData(7), batch_sampler=torch_made)) == [[0, 1, 2], [3, 4, 5]]
+    exclusives: list[dict[str, Any]] = [
+        {"batch_size": 2},
+        {"shuffle": True},
+        {"sampler": [0]},
+        {"drop_last": True},
+    ]
+    for exclusive in exclusives:
+        with pytest.raises(ValueError, match="batch_sampler is exclusive"):
+            DataLoader(SyncData(6), batch_sampler=plain, **exclusive)
+    with pytest.raises(TypeError, match="batch_sampler yielded"):
+        list(DataLoader(SyncData(6), batch_sampler=[[0], 1]))
+
+
+def test_generator_seeds_the_shuffle_reproducibly() -> None:
+    def run(seed: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(seed)
+        return batches(DataLoader(SyncData(30), batch_size=10, shuffle=True, generator=generator))
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+    with pytest.raises(ValueError, match="exclusive"):
+        DataLoader(SyncData(3), shuffle=True, seed=1, generator=torch.Generator())
+    with pytest.raises(TypeError, match="generator"):
+        DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
+
+
+class Stream(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def test_an_iterable_dataset_is_refused_at_construction() -> None:
+    for stream in (Stream(), (i for i in range(3))):
+        with pytest.raises(TypeError, match="iterable \\(stream\\) dataset"):
+            DataLoader(stream)
+
+
+class Pair(collections.abc.Sequence[int]):
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.values[index]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def test_default_collate_takes_what_torch_takes() -> None:
+    assert default_collate(np.array([0.0, 1.0])).tolist() == [0.0, 1.0]
+    assert default_collate(np.array([0.0])).tolist() == [0.0]
+    assert default_collate(np.array(["a", "b"])) == ["a", "b"]
+    ranges = default_collate([range(3), range(3)])
+    assert [field.tolist() for field in ranges] == [[0, 0], [1, 1], [2, 2]]
+    pairs = default_collate([Pair([1, 2]), Pair([3, 4])])
+    assert isinstance(pairs, Pair)
+    assert [np.asarray(field).tolist() for field in pairs] == [[1, 3], [2, 4]]
+    assert np.asarray(default_collate(range(3))).tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="mixes sequences"):
+        default_collate([range(2), 5])
