@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 import uvloop
+
+# An object store opened without keys asks the cloud's instance metadata service for them
+# (169.254.169.254): never from a test. Its endpoint is a closed port on 127.0.0.1 instead.
+os.environ.setdefault("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 # torch is pinned for Python 3.11, the version CI runs, where it must be installed (a missing
 # torch fails there). Elsewhere no CPU wheel of it is at hand, so only its tests are left out.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any, Final
 
 from ._http import _check_max_bytes
@@ -69,20 +70,47 @@ def _clean(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+_CREDENTIAL_SOURCES: Final = (
+    "/latest/api/token",  # AWS instance metadata (IMDSv2), asked when no keys are given
+    "/latest/meta-data/iam",
+    "169.254.170.2",  # AWS container credentials
+    "/metadata/identity/oauth2/token",  # Azure managed identity
+    "computeMetadata/v1",  # GCP metadata server
+)
+_REFUSED: Final = ("ConnectionRefused", "Connection refused", "tcp connect error", "dns error")
+_TIMED_OUT: Final = ("timed out", "TimedOut", "deadline has elapsed", "kind: Timeout")
+_OS_MESSAGE: Final = re.compile(r'message: "([^"]{1,200})"')
+
+
 def _translate(error: Exception, what: str) -> OSError | ValueError:
-    """obstore's exception as the loader's contract says: type by cause, message redacted."""
+    """obstore's exception as the loader's contract says: type by cause, message redacted.
+
+    obstore names the cause only in its error's debug text: a retried request's ``retry_timeout``
+    setting appears in every retried error, so it is never read as a time-out.
+    """
     from obstore.exceptions import (
         NotFoundError,
         PermissionDeniedError,
         UnauthenticatedError,
     )
 
+    text = str(error)
     message = f"{what}: {_clean(error)}"
+    found = _OS_MESSAGE.search(text)
+    if found:
+        message = f"{message} ({found.group(1)})"
     if isinstance(error, NotFoundError | FileNotFoundError):
         return FileNotFoundError(message)
     if isinstance(error, PermissionDeniedError | UnauthenticatedError | PermissionError):
         return PermissionError(message)
-    if "timed out" in message.lower() or "timeout" in message.lower():
+    if any(source in text for source in _CREDENTIAL_SOURCES) or "credential" in text.lower():
+        return PermissionError(
+            f"{what}: credentials were not found (no keys given, none in the environment, and "
+            f"no credential service answered): {_clean(error)}"
+        )
+    if any(marker in text for marker in _REFUSED):
+        return ConnectionError(message)
+    if any(marker in re.sub(r"retry_timeout: \S+", "", text) for marker in _TIMED_OUT):
         return TimeoutError(message)
     return OSError(message)
 

@@ -1,0 +1,82 @@
+"""ObjectStoreDataset's errors by cause: a refused connection, credentials not found, a server
+that never answers. Each runs in a child process with a hard time-out (a store dropped while
+the interpreter exits may abort it), against 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from .raw_server import run_raw_server
+
+ROOT = Path(__file__).parent.parent
+
+SCRIPT = """
+import asyncio, time
+from asyncloader import ObjectStoreDataset, Retry
+
+async def main():
+    data = ObjectStoreDataset(
+        "s3://bucket", ["key"], retry=Retry(2, 0.01, 0.05), allow_http=True, timeout=0.5,
+        endpoint={endpoint!r}, region="us-east-1", {credentials}
+    )
+    started = time.monotonic()
+    try:
+        await data[0]
+    except Exception as error:
+        print(type(error).__name__, round(time.monotonic() - started, 1))
+        print(error)
+    del data
+
+asyncio.run(main())
+"""
+
+
+def closed_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def fetch(endpoint: str, credentials: str) -> list[str]:
+    script = textwrap.dedent(SCRIPT.format(endpoint=endpoint, credentials=credentials))
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}  # no AWS_* from the environment
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    lines = result.stdout.splitlines()
+    assert len(lines) >= 2, (result.returncode, result.stdout, result.stderr[-2000:])
+    return lines
+
+
+KEYS = 'access_key_id="testing", secret_access_key="testing"'
+
+
+def test_a_refused_connection_is_a_connection_error() -> None:
+    kind, message = fetch(closed_port(), KEYS)[:2]
+    assert kind.split()[0] == "ConnectionError", message
+    assert "Connection refused" in message
+    assert "testing" not in message
+
+
+def test_missing_credentials_are_a_permission_error_saying_so() -> None:
+    metadata = closed_port()
+    lines = fetch(closed_port(), f"metadata_endpoint={metadata!r}")
+    kind, seconds = lines[0].split()
+    assert kind == "PermissionError", lines
+    assert "credentials were not found" in lines[1]
+    assert float(seconds) < 10  # not one 60 s time-out per item
+
+
+def test_a_server_that_never_answers_is_a_time_out() -> None:
+    with run_raw_server(lambda path, headers: [30.0]) as server:
+        kind, message = fetch(server.url, KEYS)[:2]
+    assert kind.split()[0] == "TimeoutError", message
