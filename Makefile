@@ -11,9 +11,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/asyncloader demo
@@ -29,7 +35,7 @@ test: lint
 # The suite against torch DataLoader and SPDL (about 12 minutes here); it rewrites the
 # generated part of docs/performance.md. The design measurements behind FileDataset and the
 # collator are separate: benches/bench_datasets.py and benches/bench_images.py.
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/python benches/suite.py
 
 clean:

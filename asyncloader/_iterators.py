@@ -4,7 +4,7 @@
   1`` is fetched, transformed and collated inside ``__next__``, with no thread or queue.
 - :class:`ThreadedIterator`: ``for batch in loader`` otherwise; the driver runs on the loader's
   loop thread and the consumer blocks on a :class:`~asyncloader._handoff.ThreadHandoff`.
-- :class:`AsyncIterator`: ``async for batch in loader``; the driver runs as a task of the
+- :class:`AsyncEpochIterator`: ``async for batch in loader``; the driver runs as a task of the
   caller's loop.
 
 Each yields batches (or ``(indices, batch)`` pairs) in epoch order and raises a failed batch's
@@ -240,7 +240,7 @@ class ThreadedIterator:
             self._cancel(wait=True)
 
 
-class AsyncIterator:
+class AsyncEpochIterator:
     """One epoch driven as a task of the caller's running event loop (``async for``)."""
 
     def __init__(
@@ -264,7 +264,7 @@ class AsyncIterator:
         self._pid = os.getpid()
         self._open = True
 
-    def __aiter__(self) -> AsyncIterator:
+    def __aiter__(self) -> AsyncEpochIterator:
         return self
 
     def __len__(self) -> int:
@@ -334,4 +334,4 @@ class AsyncIterator:
         self._abandon()
 
 
-__all__ = ["AsyncIterator", "Batch", "DirectIterator", "ThreadedIterator"]
+__all__ = ["AsyncEpochIterator", "Batch", "DirectIterator", "ThreadedIterator"]

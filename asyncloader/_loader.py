@@ -8,15 +8,14 @@ import logging
 import os
 import secrets
 import warnings
-from collections.abc import AsyncIterator as AsyncIteratorABC
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 from ._collate import default_collate
 from ._distributed import resolve_ranks
 from ._driver import Work
-from ._iterators import AsyncIterator, DirectIterator, ThreadedIterator
+from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._sampler import (
@@ -34,7 +33,7 @@ from ._sampler import (
     sampler_length,
 )
 from ._settings import Settings, check_bool, check_int
-from ._skip import Skipper, check_errors, epoch_budget
+from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import (
     Expected,
@@ -175,7 +174,7 @@ class DataLoader:
         pin_memory: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
-        errors: str = "raise",
+        errors: ErrorPolicy = "raise",
         max_errors: int | float | None = None,
     ) -> None:
         self._unbatched = batch_size is None
@@ -504,9 +503,9 @@ class DataLoader:
             progress,
         )
 
-    def _aiterate(self, with_indices: bool) -> AsyncIterator:
+    def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
-        return AsyncIterator(
+        return AsyncEpochIterator(
             self._work(self._runtime_here(), progress.epoch),
             batches,
             self._settings.prefetch_depth,
@@ -519,7 +518,7 @@ class DataLoader:
         """Run one epoch; yield its batches in order."""
         return self._iterate(with_indices=False)
 
-    def __aiter__(self) -> AsyncIteratorABC[Any]:
+    def __aiter__(self) -> AsyncIterator[Any]:
         """Run one epoch on the running event loop; yield its batches in order."""
         return self._aiterate(with_indices=False)
 
@@ -527,7 +526,7 @@ class DataLoader:
         """Run one epoch; yield ``(indices, batch)`` pairs in order."""
         return self._iterate(with_indices=True)
 
-    def aiter_with_indices(self) -> AsyncIteratorABC[tuple[list[int], Any]]:
+    def aiter_with_indices(self) -> AsyncIterator[tuple[list[int], Any]]:
         """Run one epoch on the running event loop; yield ``(indices, batch)`` pairs."""
         return self._aiterate(with_indices=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from typing import Literal
 
 from ._stats import Recorder
 
@@ -61,6 +62,10 @@ class Skipper:
         self.recorder.add_skipped(1)
         if self.budget is not None and skipped > self.budget:
             raise SkipBudgetExceeded(skipped, self.budget, failures)
+
+
+ErrorPolicy = Literal["raise", "skip"]
+"""What a failing item does: fail its batch, or be dropped from it."""
 
 
 def check_errors(errors: object, max_errors: object) -> int | float | None:

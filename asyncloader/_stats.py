@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 _SAMPLES: Final = 4096
 """Durations kept per stage for the percentiles (the most recent ones)."""
@@ -29,6 +29,10 @@ def note_retry() -> None:
     recorder = current.get()
     if recorder is not None:
         recorder.add_retry()
+
+
+Stage = Literal["fetch", "transform", "collate", "permit_wait", "consumer_wait"]
+"""A stage the recorder times."""
 
 
 @dataclass(frozen=True)
@@ -268,11 +272,11 @@ class Recorder:
             self.batches += 1
             self.errors += collate_s is None
 
-    def add(self, stage: str, seconds: float) -> None:
+    def add(self, stage: Stage, seconds: float) -> None:
         with self._lock:
             getattr(self, stage).add(seconds)
 
-    def add_many(self, stage: str, durations: list[float]) -> None:
+    def add_many(self, stage: Stage, durations: list[float]) -> None:
         if not durations:
             return
         with self._lock:

@@ -117,7 +117,7 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
         out.append(
             "### (b) 16 KiB items behind 20 ms of latency\n\n"
             "A lean HTTP/1.1 server on loopback in its own process (the demo's, "
-            "`asyncloader/_demo.py`). "
+            "`asyncloader.testing.serve_samples`). "
             "asyncloader: `HttpDataset`, batch 64, `item_concurrency=4` and "
             "`num_workers=in-flight/4` (the settings guide's choice for throughput); at 64 in "
             "flight also `item_concurrency=16`, `num_workers=4` (its choice for the first batch: "

@@ -36,7 +36,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from asyncloader._demo import serve_samples
+from asyncloader.testing import serve_samples
 
 from _common import RESULTS, save
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 import uvloop
 
+from .servers import FaultServer, run_fault_server
+
 # An object store opened without keys asks the cloud's instance metadata service for them
 # (169.254.169.254): never from a test. Its endpoint is a closed port on 127.0.0.1 instead.
 os.environ.setdefault("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
@@ -55,3 +57,11 @@ def no_leaked_threads() -> Iterator[None]:
     yield
     leaked = loader_threads() - before
     assert not leaked, f"threads left running: {sorted(t.name for t in leaked)}"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    """The aiohttp fault-injection server of :mod:`tests.servers` on 127.0.0.1, one per test
+    module (its hit counts are per path, and each test uses paths of its own)."""
+    with run_fault_server() as running:
+        yield running

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .servers import FaultServer, run_fault_server, run_moto
+from .servers import FaultServer, run_moto
 
 ROOT = Path(__file__).parent.parent
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -33,12 +33,6 @@ def items_read(output: str) -> int:
     match = re.search(r"^(\d+) items in [\d.]+ s: [\d,]+ items/s, [\d,.]+ MB/s", output, re.M)
     assert match, output
     return int(match.group(1))
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FaultServer]:
-    with run_fault_server() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

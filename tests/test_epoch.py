@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from asyncloader import DataLoader, RandomSampler
 from asyncloader._sampler import Permutation, SequentialSampler, cut_batches, read_sampler
+from asyncloader._skip import ErrorPolicy
 
 from .datasets import AsyncData, SyncData
 
@@ -389,7 +390,7 @@ def test_a_batch_fetched_whole_spreads_its_transforms_over_the_cpu_threads() -> 
 
 @pytest.mark.parametrize("errors", ["raise", "skip"])
 def test_a_batch_split_over_threads_fails_by_its_first_failure_or_skips_in_order(
-    errors: str,
+    errors: ErrorPolicy,
 ) -> None:
     def transform(index: int, item: int) -> int:
         if index in (1, 6):  # one in each half of the first batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import types
 
 import pytest
@@ -9,7 +11,27 @@ import pytest
 import asyncloader
 import asyncloader.datasets
 
-PACKAGES = [asyncloader, asyncloader.datasets]
+
+def public_modules() -> list[types.ModuleType]:
+    """asyncloader and every module under it whose dotted name has no private part."""
+    names = [
+        found.name
+        for found in pkgutil.walk_packages(asyncloader.__path__, "asyncloader.")
+        if not any(part.startswith("_") for part in found.name.split("."))
+    ]
+    return [asyncloader, *(importlib.import_module(name) for name in sorted(names))]
+
+
+PACKAGES = public_modules()
+
+
+def test_the_public_modules_are_found() -> None:
+    assert [module.__name__ for module in PACKAGES] == [
+        "asyncloader",
+        "asyncloader.datasets",
+        "asyncloader.testing",
+        "asyncloader.transforms",
+    ]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.__name__)

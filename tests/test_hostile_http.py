@@ -21,7 +21,7 @@ import pytest
 from asyncloader import DataLoader, HttpDataset, Retry
 
 from .raw_server import RawServer, deflate_bomb, gzip_bomb, response, run_raw_server
-from .servers import FaultServer, run_fault_server
+from .servers import FaultServer
 
 ROOT = Path(__file__).parent.parent
 SECRETS = {
@@ -277,12 +277,6 @@ def test_many_loops_under_a_low_descriptor_limit_and_the_error_when_out_of_them(
     lines = result.stdout.splitlines()
     assert lines[0] == "100 epochs"
     assert "Too many open files" in lines[1], lines
-
-
-@pytest.fixture
-def server() -> Iterator[FaultServer]:
-    with run_fault_server() as running:
-        yield running
 
 
 def test_close_calls_aclose_after_async_for_use() -> None:

@@ -7,22 +7,15 @@ import datetime
 import email.utils
 import logging
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from asyncloader import DataLoader, HttpDataset, Retry, Template
 
-from .servers import FaultServer, body, run_fault_server
+from .servers import FaultServer, body
 
 FAST = Retry(max_retries=2, initial_backoff=0.001, max_backoff=0.01)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FaultServer]:
-    with run_fault_server() as running:
-        yield running
 
 
 def fetch(dataset: HttpDataset, index: int = 0) -> Any:

@@ -9,7 +9,6 @@ import hashlib
 import os
 import random
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,17 +16,10 @@ import pytest
 from asyncloader import DataLoader, HttpDataset, ObjectStoreDataset, Retry, Template
 
 from .datasets import AsyncData, SyncData
-from .servers import FaultServer, random_body, run_fault_server, run_moto
+from .servers import FaultServer, random_body, run_moto
 
 ITEMS = 5000
 RETRY = Retry(max_retries=6, initial_backoff=0.001, max_backoff=0.01)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FaultServer]:
-    with run_fault_server() as running:
-        running.stall_s = 1.0
-        yield running
 
 
 def checksum(item: bytes) -> str:

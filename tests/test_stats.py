@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,13 +13,7 @@ import pytest
 from asyncloader import DataLoader, HttpDataset, Retry, SkipBudgetExceeded
 
 from .datasets import AsyncData, SyncData
-from .servers import FaultServer, body, run_fault_server
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FaultServer]:
-    with run_fault_server() as running:
-        yield running
+from .servers import FaultServer, body
 
 
 class Blobs(SyncData):
@@ -208,7 +201,7 @@ def test_the_budget_holds_with_batches_in_parallel() -> None:
 
 def test_skip_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="errors"):
-        DataLoader(SyncData(3), errors="ignore")
+        DataLoader(SyncData(3), errors="ignore")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_errors"):
         DataLoader(SyncData(3), max_errors=3)
     with pytest.raises(ValueError, match="max_errors"):
