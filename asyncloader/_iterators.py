@@ -18,17 +18,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
-from ._augment import epoch_key
-from ._driver import Batch, Work, drive, fetch_or_skip, transform_items
+from ._driver import drive
+from ._epoch import Batch, EpochContext, fetch_or_skip, transform_items
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
-from ._skip import Skipper
 from ._state import Progress
-from ._stats import Recorder, current
-from ._transform import Transform
 
 CANCEL_WAIT_S: Final = 5.0
 """How long an abandoned sync epoch waits until no thread runs the user's code any more."""
@@ -66,28 +63,19 @@ class DirectIterator:
 
     def __init__(
         self,
-        dataset: Any,
+        context: EpochContext,
         batches: Sequence[list[int]],
-        transform: Transform | None,
-        collate: Callable[[list[Any]], Any],
         with_indices: bool,
         progress: Progress,
-        recorder: Recorder,
-        skipper: Skipper | None,
-        augment: tuple[int, int],
     ) -> None:
-        self._augment = augment
+        self._context: EpochContext | None = context
         self._progress = progress
-        self._recorder = recorder
-        self._skipper = skipper
-        self._dataset: Any = dataset
+        self._recorder = context.recorder
         self._batches = batches
-        self._transform = transform
-        self._collate = collate
         self._with_indices = with_indices
         self._position = 0
         self._open = True
-        recorder.epoch_started()
+        context.recorder.epoch_started()
 
     def __iter__(self) -> DirectIterator:
         return self
@@ -103,25 +91,24 @@ class DirectIterator:
         indices = self._batches[self._position]
         self._position += 1
         self._progress.received += 1  # the batch, or its error, is the consumer's now
+        context = self._context
+        assert context is not None
         recorder = self._recorder
         clock = time.perf_counter
         started = clock()
-        token = current.set(recorder)  # the datasets' retry loops count into it
-        key = epoch_key.set(self._augment)  # random transforms draw from it
         fetched_items: list[Any] | None = None
         fetched = collating = collated = started
         try:
-            fetched_items = fetch_or_skip(self._dataset, indices, self._skipper)
-            fetched = clock()
-            kept, items = transform_items(
-                indices, fetched_items, self._transform, recorder, self._skipper
-            )
-            collating = clock()
-            batch = self._collate(items)
-            collated = clock()
+            with context.scope():
+                fetched_items = fetch_or_skip(context.source.dataset, indices, context.skipper)
+                fetched = clock()
+                kept, items = transform_items(
+                    indices, fetched_items, context.transform, recorder, context.skipper
+                )
+                collating = clock()
+                batch = context.collate(items)
+                collated = clock()
         finally:
-            current.reset(token)
-            epoch_key.reset(key)
             # On this path the consumer waits for the whole of the loader's work.
             ended = clock()
             recorder.record_direct_batch(
@@ -136,7 +123,7 @@ class DirectIterator:
     def close(self) -> None:
         """End the epoch; nothing is running, so nothing needs waiting for."""
         self._position = len(self._batches)
-        self._dataset = self._transform = None
+        self._context = None  # so that nothing but the loader refers to the dataset
         if self._open:
             self._open = False
             self._recorder.epoch_ended()
@@ -158,7 +145,7 @@ class ThreadedIterator:
     def __init__(
         self,
         runtime: Runtime,
-        work: Work,
+        work: EpochContext,
         batches: Sequence[list[int]],
         prefetch_depth: int,
         timeout: float | None,
@@ -245,7 +232,7 @@ class AsyncEpochIterator:
 
     def __init__(
         self,
-        work: Work,
+        work: EpochContext,
         batches: Sequence[list[int]],
         prefetch_depth: int,
         timeout: float | None,
@@ -254,7 +241,7 @@ class AsyncEpochIterator:
     ) -> None:
         self._progress = progress
         self._recorder = work.recorder
-        self._work: Work | None = work
+        self._work: EpochContext | None = work
         self._batches = batches
         self._remaining = len(batches)
         self._timeout = timeout

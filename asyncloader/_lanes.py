@@ -25,14 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._epoch import EpochContext
 from ._pool import priority
 from ._skip import SKIPPED
 from ._source import fetch_item
-
-if TYPE_CHECKING:
-    from ._driver import Work
 
 
 def _wake(done: asyncio.Future[None]) -> None:
@@ -49,8 +47,10 @@ class BatchFetch:
     and its transforms not yet begun are skipped.
     """
 
-    def __init__(self, work: Work, indices: list[int], lanes: int, position: int = 0) -> None:
-        self.work = work
+    def __init__(
+        self, context: EpochContext, indices: list[int], lanes: int, position: int = 0
+    ) -> None:
+        self.context = context
         self.indices = indices
         self.lanes = min(lanes, len(indices))
         self.position = position
@@ -87,27 +87,27 @@ class BatchFetch:
 
     def started(self) -> float:
         """A lane begins fetching an item; returns the start time."""
-        return self.work.recorder.fetch_started(1)
+        return self.context.recorder.fetch_started(1)
 
     def fetched(self, position: int, started: float, item: Any) -> None:
         """The item at ``position`` arrived: count it and hand it on (:meth:`arrived`)."""
-        self.work.recorder.item_done(started, item)
+        self.context.recorder.item_done(started, item)
         self.arrived(position, item)
 
     def fetch_failed(self, position: int, started: float, error: BaseException) -> bool:
         """The fetch of the item at ``position`` failed: count it; then :meth:`failed`."""
-        self.work.recorder.fetch_done(started, None, 1)
+        self.context.recorder.fetch_done(started, None, 1)
         return not isinstance(error, asyncio.CancelledError) and self.failed(position, error)
 
     def arrived(self, position: int, item: Any) -> None:
         """The item at ``position`` was fetched: hand it to the CPU pool for its transform."""
-        if self.work.transform is None:
+        if self.context.transform is None:
             self._items[position] = item
             return
         with self._lock:
             self._open += 1
         try:
-            self.work.cpu.submit(self._transform, position, item)
+            self.context.cpu.submit(self._transform, position, item)
         except BaseException as error:  # the pool was shut down
             self._errors.append((position, error))
             self._end()
@@ -115,7 +115,7 @@ class BatchFetch:
     def failed(self, position: int, error: BaseException) -> bool:
         """The item at ``position`` failed: drop it under ``errors="skip"`` (``True``: its
         lane goes on), or keep the failure for the batch (``False``: the lanes stop)."""
-        skipper = self.work.skipper
+        skipper = self.context.skipper
         if skipper is not None and isinstance(error, Exception):
             try:
                 skipper.skip(self.indices[position], error)
@@ -135,7 +135,7 @@ class BatchFetch:
             if not (self._errors or self._stopped):
                 try:
                     index = self.indices[position]
-                    self._items[position] = self.work.timed_transform(index, item)
+                    self._items[position] = self.context.timed_transform(index, item)
                 except BaseException as error:
                     self.failed(position, error)
         finally:
@@ -153,7 +153,7 @@ class BatchFetch:
 
 async def run_lane(fetch: BatchFetch) -> None:
     """An async lane: fetch the batch's next positions until none is left (the event loop)."""
-    get = fetch.work.source.get
+    get = fetch.context.source.get
     try:
         while (position := fetch.next_position()) is not None:
             started = fetch.started()
@@ -172,7 +172,7 @@ async def run_lane(fetch: BatchFetch) -> None:
 
 def thread_lane(fetch: BatchFetch) -> None:
     """A sync lane: fetch the batch's next positions until none is left (an I/O thread)."""
-    dataset = fetch.work.source.dataset
+    dataset = fetch.context.source.dataset
     try:
         while (position := fetch.next_position()) is not None:
             started = fetch.started()
@@ -187,18 +187,18 @@ def thread_lane(fetch: BatchFetch) -> None:
         fetch.lane_ended()
 
 
-async def fetch_on_threads(work: Work, indices: list[int]) -> list[Any]:
+async def fetch_on_threads(context: EpochContext, indices: list[int]) -> list[Any]:
     """A sync dataset's batch, fetched by up to ``item_concurrency`` lanes on I/O threads."""
-    assert work.source.io is not None
-    fetch = BatchFetch(work, indices, work.item_concurrency)
+    assert context.source.io is not None
+    fetch = BatchFetch(context, indices, context.item_concurrency)
     for _ in range(fetch.lanes):
-        work.source.io.submit(thread_lane, fetch)
+        context.source.io.submit(thread_lane, fetch)
     return await fetch.wait()
 
 
-async def fetch_one_lane(work: Work, indices: list[int]) -> list[Any]:
+async def fetch_one_lane(context: EpochContext, indices: list[int]) -> list[Any]:
     """A batch's items fetched one after the other by the calling task."""
-    fetch = BatchFetch(work, indices, 1)
+    fetch = BatchFetch(context, indices, 1)
     await run_lane(fetch)
     return await fetch.wait()
 
@@ -214,12 +214,12 @@ class Lanes:
     batch_tasks`` is always free for batch ``i``.
     """
 
-    def __init__(self, work: Work) -> None:
-        self._work = work
+    def __init__(self, context: EpochContext) -> None:
+        self._work = context
         self._queue: asyncio.Queue[BatchFetch] = asyncio.Queue()
         self._tasks = [
             asyncio.get_running_loop().create_task(self._lane())
-            for _ in range(work.item_concurrency)
+            for _ in range(context.item_concurrency)
         ]
 
     async def fetch(self, indices: list[int], position: int) -> list[Any]:

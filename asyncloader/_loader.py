@@ -14,7 +14,7 @@ from typing import Any
 
 from ._collate import default_collate
 from ._distributed import resolve_ranks
-from ._driver import Work
+from ._epoch import EpochContext
 from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
@@ -461,8 +461,9 @@ class DataLoader:
             )
         return self._runtime
 
-    def _work(self, runtime: Runtime, epoch: int) -> Work:
-        return Work(
+    def _context(self, runtime: Runtime, epoch: int) -> EpochContext:
+        """The epoch's context; its pools start threads only when first used."""
+        return EpochContext(
             source=Source(self._dataset, None if self._is_async else runtime.io),
             transform=self._transform,
             collate=self._collate,
@@ -477,25 +478,16 @@ class DataLoader:
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         settings = self._settings
         batches, progress = self._start_epoch()
+        runtime = self._runtime_here()
+        context = self._context(runtime, progress.epoch)
         # The direct path cannot stop a batch that outlasts `timeout`: with one, the epoch
         # runs on the loop thread, whose hand-off honours it.
         direct = not self._is_async and settings.num_workers == 0 and settings.timeout is None
         if direct and settings.item_concurrency == 1:
-            return DirectIterator(
-                self._dataset,
-                batches,
-                self._transform,
-                self._collate,
-                with_indices,
-                progress,
-                self._recorder,
-                self._skipper,
-                (self._seed, progress.epoch),
-            )
-        runtime = self._runtime_here()
+            return DirectIterator(context, batches, with_indices, progress)
         return ThreadedIterator(
             runtime,
-            self._work(runtime, progress.epoch),
+            context,
             batches,
             settings.prefetch_depth,
             settings.timeout,
@@ -506,7 +498,7 @@ class DataLoader:
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
         return AsyncEpochIterator(
-            self._work(self._runtime_here(), progress.epoch),
+            self._context(self._runtime_here(), progress.epoch),
             batches,
             self._settings.prefetch_depth,
             self._settings.timeout,

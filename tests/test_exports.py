@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import types
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,53 @@ def test_every_public_name_has_a_docstring(package: types.ModuleType) -> None:
 def test_the_datasets_are_re_exported_at_the_top() -> None:
     for name in asyncloader.datasets.__all__:
         assert getattr(asyncloader, name) is getattr(asyncloader.datasets, name)
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The asyncloader modules ``path`` imports (also under ``TYPE_CHECKING``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("asyncloader"):
+                found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("asyncloader"))
+    return found
+
+
+def test_no_import_cycle_among_the_packages_modules() -> None:
+    root = Path(asyncloader.__file__).parent
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        graph[name] = {m for m in _imports(path, package) if m in modules and m != name}
+    # A package's __init__ re-exports from its children: that edge is not a cycle's.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycle = [*trail[trail.index(target) :], target] if target in trail else [target]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if target not in state:
+                visit(target, [*trail, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -1,0 +1,228 @@
+"""The context of one epoch and the CPU work of each of its batches.
+
+An :class:`EpochContext` is what every batch of one epoch needs, whichever path runs it (the
+direct path inside ``next()``, or the driver's batch tasks): the dataset as a source, the
+transform and collate function, the CPU pool, the statistics recorder, the skip policy and the
+key random transforms draw from. The per-batch CPU work (transform, skip, collate, a batch's
+transforms split over the CPU threads) lives here too; the driver (:mod:`._driver`) only
+schedules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ._augment import epoch_key
+from ._pool import ThreadPool
+from ._skip import SKIPPED, Skipper
+from ._source import Source, fetch_batch, fetch_item
+from ._stats import Recorder, current
+from ._transform import Transform
+
+Batch = tuple[list[int], Any]
+"""A finished batch with the indices of its items."""
+
+_SPLIT_S = 0.002
+"""A batch fetched whole has its transforms split over the CPU threads when they take at
+least this long in all (by the epoch's mean so far; the first batch always is): a part costs
+a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
+the time (side runs of the suite's (c), 64 JPEGs a batch on 2 threads: the first batch in
+47-49 ms against 72-77, the same rate, and a batch less memory at the peak: the two batches
+in work no longer end together)."""
+
+
+def transform_items(
+    indices: Sequence[int],
+    items: list[Any],
+    transform: Transform | None,
+    recorder: Recorder,
+    skipper: Skipper | None,
+) -> tuple[list[int], list[Any]]:
+    """Transform a batch's items, dropping the ones ``skipper`` lets go; keep their indices."""
+    kept = list(indices)
+    if transform is not None:
+        durations = []
+        out = []
+        clock = time.perf_counter
+        for index, item in zip(indices, items, strict=True):
+            if item is not SKIPPED:
+                started = clock()
+                try:
+                    item = transform(index, item)
+                except Exception as error:
+                    if skipper is None:
+                        raise
+                    skipper.skip(index, error)
+                    item = SKIPPED
+                durations.append(clock() - started)
+            out.append(item)
+        items = out
+        recorder.add_many("transform", durations)
+    if skipper is not None:
+        kept = [index for index, item in zip(indices, items, strict=True) if item is not SKIPPED]
+        items = [item for item in items if item is not SKIPPED]
+    return kept, items
+
+
+def transform_and_collate(
+    indices: Sequence[int],
+    items: list[Any],
+    transform: Transform | None,
+    collate: Callable[[list[Any]], Any],
+    recorder: Recorder,
+    skipper: Skipper | None,
+) -> Batch:
+    """Transform a batch's items (dropping the ones ``skipper`` lets go), then collate them:
+    one CPU job of a batch task."""
+    kept, items = transform_items(indices, items, transform, recorder, skipper)
+    started = time.perf_counter()
+    batch = collate(items)
+    recorder.add("collate", time.perf_counter() - started)
+    return kept, batch
+
+
+def fetch_or_skip(dataset: Any, indices: list[int], skipper: Skipper | None) -> list[Any]:
+    """Fetch a batch from a sync dataset; under ``errors="skip"``, drop the failing items."""
+    try:
+        return fetch_batch(dataset, indices)
+    except Exception:
+        if skipper is None:
+            raise
+    items: list[Any] = []
+    for index in indices:  # find the failing items one by one
+        try:
+            items.append(fetch_item(dataset, index))
+        except Exception as error:
+            skipper.skip(index, error)
+            items.append(SKIPPED)
+    return items
+
+
+@dataclass(frozen=True)
+class EpochContext:
+    """What every batch of one epoch needs (see the module docstring)."""
+
+    source: Source
+    transform: Transform | None
+    collate: Callable[[list[Any]], Any]
+    cpu: ThreadPool
+    batch_tasks: int
+    item_concurrency: int
+    recorder: Recorder
+    skipper: Skipper | None
+    augment: tuple[int, int]
+    """``(seed, epoch)``: the key random transforms draw from."""
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        """Make the epoch's recorder and augmentation key current (the datasets' retry loops
+        count into the one, random transforms draw from the other); pool jobs started inside
+        inherit both."""
+        token, key = current.set(self.recorder), epoch_key.set(self.augment)
+        try:
+            yield
+        finally:
+            current.reset(token)
+            epoch_key.reset(key)
+
+    async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the CPU pool."""
+        return await self.cpu.run(fn, *args)
+
+    def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
+        """Transform and collate (one CPU job)."""
+        return transform_and_collate(
+            indices, items, self.transform, self.collate, self.recorder, self.skipper
+        )
+
+    def collate_only(self, indices: Sequence[int], items: list[Any]) -> Batch:
+        """Collate items the lanes already transformed (one CPU job)."""
+        return transform_and_collate(
+            indices, items, None, self.collate, self.recorder, self.skipper
+        )
+
+    def parts(self, items: int) -> int:
+        """How many CPU jobs transform a batch of ``items`` fetched whole (see _SPLIT_S)."""
+        threads = self.cpu.max_threads
+        if self.transform is None or threads < 2 or items < 2:
+            return 1
+        timing = self.recorder.transform
+        if timing.count and timing.total / timing.count * items < _SPLIT_S:
+            return 1
+        return min(threads, items)
+
+    def timed_transform(self, index: int, item: Any) -> Any:
+        """The transform of one item, timed (on the CPU pool)."""
+        assert self.transform is not None
+        started = time.perf_counter()
+        try:
+            return self.transform(index, item)
+        finally:
+            self.recorder.add("transform", time.perf_counter() - started)
+
+
+_Part = tuple[list[int], list[Any]]
+"""The kept indices and transformed items of part of a batch."""
+
+
+class _Split:
+    """A batch fetched whole, its transforms split into CPU jobs; the job that ends last
+    collates, so that the batch never waits in the queue behind another batch's jobs."""
+
+    def __init__(
+        self, context: EpochContext, indices: list[int], items: list[Any], parts: int
+    ) -> None:
+        self.context = context
+        self.indices = indices
+        self.items = items
+        size = -(-len(items) // parts)
+        self.parts = [slice(start, start + size) for start in range(0, len(items), size)]
+        self.results: list[_Part | BaseException | None] = [None] * len(self.parts)
+        self.left = len(self.parts)
+        self.lock = threading.Lock()
+
+    def run(self, part: int) -> Batch | None:
+        """Transform part ``part``; the last part to end collates (or raises the first
+        failure by position) and returns the batch, the others ``None``."""
+        where, context = self.parts[part], self.context
+        result: _Part | BaseException
+        try:
+            result = transform_items(
+                self.indices[where],
+                self.items[where],
+                context.transform,
+                context.recorder,
+                context.skipper,
+            )
+        except BaseException as error:
+            result = error
+        with self.lock:
+            self.results[part] = result
+            self.left -= 1
+            if self.left:
+                return None
+        kept: list[int] = []
+        transformed: list[Any] = []
+        for done in self.results:
+            if isinstance(done, BaseException):
+                raise done
+            assert done is not None
+            kept += done[0]
+            transformed += done[1]
+        return context.collate_only(kept, transformed)
+
+
+async def transform_in_parts(
+    context: EpochContext, indices: list[int], items: list[Any], parts: int
+) -> Batch:
+    """Transform and collate a batch fetched whole in ``parts`` CPU jobs at once."""
+    split = _Split(context, indices, items, parts)
+    jobs = (context.on_cpu(split.run, part) for part in range(len(split.parts)))
+    done: list[Batch | None] = await asyncio.gather(*jobs)
+    return next(batch for batch in done if batch is not None)
