@@ -8,7 +8,7 @@ are collated field by field; text and bytes-like items are kept as lists.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -105,3 +105,15 @@ def default_collate_fields(items: Sequence[Any], width: int) -> list[Any]:
                 f"first one, got {type(item).__name__}"
             )
     return [default_collate([item[position] for item in items]) for position in range(width)]
+
+
+def unbatched(collate_fn: Callable[[Any], Any] | None) -> Callable[[list[Any]], Any]:
+    """With ``batch_size=None`` each "batch" is one item, handed to ``collate_fn`` alone (by
+    default the item as it is: NumPy-first, nothing to convert)."""
+
+    def collate(items: list[Any]) -> Any:
+        if not items:  # errors="skip" dropped the item
+            return []
+        return items[0] if collate_fn is None else collate_fn(items[0])
+
+    return collate

@@ -6,33 +6,18 @@ import asyncio
 import json
 import logging
 import os
-import secrets
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
-from ._collate import default_collate
-from ._distributed import resolve_ranks
+from ._collate import default_collate, unbatched
 from ._epoch import EpochContext
 from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
+from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
-from ._sampler import (
-    Batches,
-    DistributedSampler,
-    EpochFollower,
-    ListedBatches,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    batch_count,
-    cut_batches,
-    read_batch_sampler,
-    read_sampler,
-    sampler_length,
-)
-from ._settings import Settings, check_bool, check_int
+from ._sampler import batch_count, sampler_length
+from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import (
@@ -41,9 +26,7 @@ from ._state import (
     Resume,
     capture_sampler,
     check_state,
-    elastic_indices,
     restore_sampler,
-    shared_order,
     warn_if_unrestorable,
     write_state,
 )
@@ -51,49 +34,6 @@ from ._stats import LoaderStats, Recorder
 from ._transform import Transform
 
 logger = logging.getLogger("asyncloader")
-
-
-def _check_callable(name: str, value: object) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable or None, got {value!r}")
-
-
-def _check_batch_sampler(
-    batch_sampler: object, batch_size: object, shuffle: object, sampler: object, drop_last: object
-) -> object:
-    if batch_sampler is None:
-        return None
-    if batch_size != 1 or shuffle or sampler is not None or drop_last:
-        raise ValueError(
-            "batch_sampler is exclusive with batch_size, shuffle, sampler and drop_last "
-            "(as in torch): the batch sampler makes the batches"
-        )
-    if isinstance(batch_sampler, str | bytes) or not hasattr(batch_sampler, "__iter__"):
-        raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
-    return batch_sampler
-
-
-def _seed_from(generator: Any) -> int:
-    """A seed drawn from a ``torch.Generator`` (torch's way of seeding a loader's shuffle)."""
-    import torch
-
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return int(torch.randint(0, 2**62, (), generator=generator))
-
-
-def _unbatched(collate_fn: Callable[[Any], Any] | None) -> Callable[[list[Any]], Any]:
-    """With ``batch_size=None`` each "batch" is one item, given to ``collate_fn`` alone."""
-    convert = collate_fn if collate_fn is not None else _as_is
-
-    def collate(items: list[Any]) -> Any:
-        return convert(items[0]) if items else []  # [] once errors="skip" dropped the item
-
-    return collate
-
-
-def _as_is(item: Any) -> Any:
-    return item
 
 
 class DataLoader:
@@ -123,12 +63,9 @@ class DataLoader:
         transform: ``f(index, item) -> item``, run on the CPU pool.
         collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
         num_workers: Batches processed at once; 0 processes them inline when possible.
-        item_concurrency: Items of one batch fetched at once. Requests in flight are
-            ``max(num_workers, 1) * item_concurrency``; for throughput prefer more batches of
-            a few lanes (4) to few batches of many, for a sooner first batch more lanes
-            (``docs/settings.md``). At 1 a batch of a sync dataset (or of an async one with
-            ``__getitems__``) is fetched in one call, and its transforms are split over the CPU
-            threads when they take milliseconds.
+        item_concurrency: Items of one batch fetched at once; requests in flight are
+            ``max(num_workers, 1) * item_concurrency`` (``docs/settings.md``). At 1 a batch is
+            fetched in one call when the dataset allows it.
         prefetch_depth: Finished batches that may wait for the consumer, at least 1.
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
@@ -178,13 +115,11 @@ class DataLoader:
         max_errors: int | float | None = None,
     ) -> None:
         self._unbatched = batch_size is None
-        self._batch_sampler = _check_batch_sampler(
-            batch_sampler, batch_size, shuffle, sampler, drop_last
-        )
+        batch_sampler = check_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last)
         if self._unbatched and drop_last:
             raise ValueError("batch_size=None turns batching off: drop_last=True has no meaning")
         self._settings = Settings.build(
-            batch_size=1 if batch_size is None or self._batch_sampler is not None else batch_size,
+            batch_size=1 if batch_size is None or batch_sampler is not None else batch_size,
             drop_last=drop_last,
             num_workers=num_workers,
             item_concurrency=item_concurrency,
@@ -193,32 +128,24 @@ class DataLoader:
             timeout=timeout,
             pin_memory=pin_memory,
         )
-        self._shuffle = False if shuffle is None else check_bool("shuffle", shuffle)
-        _check_callable("transform", transform)
-        _check_callable("collate_fn", collate_fn)
-        if generator is not None:
-            if seed is not None:
-                raise ValueError("seed and generator are exclusive; pass one of them")
-            seed = _seed_from(generator)
-        self._seed_given = seed is not None
-        self._seed = secrets.randbits(63) if seed is None else check_int("seed", seed, 0)
-        self._rank, self._world_size = resolve_ranks(rank, world_size)
-        self._owns_sampler = sampler is None and self._batch_sampler is None
-        if sampler is not None:
-            if shuffle:
-                raise ValueError("sampler and shuffle=True are exclusive; pass one of them")
-            if not isinstance(sampler, Sampler) and not hasattr(sampler, "__iter__"):
-                raise TypeError(f"sampler must be an iterable of int, got {sampler!r}")
-            self._sampler: object = sampler
-        else:
-            self._sampler = self._default_sampler(self._seed)
-        self._follower = EpochFollower(self._order_source)
+        check_callable("transform", transform)
+        check_callable("collate_fn", collate_fn)
+        self._order = Order(
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            seed=seed,
+            generator=generator,
+            rank=rank,
+            world_size=world_size,
+            drop_last=self._settings.drop_last,
+        )
         self._is_async = is_async_dataset(dataset)
         self._dataset = dataset
         self._transform = transform
         collate = default_collate if collate_fn is None else collate_fn
         if self._unbatched:
-            collate = _unbatched(collate_fn)
+            collate = unbatched(collate_fn)
         if self._settings.pin_memory and pinning_available():
             self._collate: Callable[[list[Any]], Any] = lambda items: pin_batch(collate(items))
         else:
@@ -232,80 +159,27 @@ class DataLoader:
         self._skipper: Skipper | None = None
         self._runtime: Runtime | None = None
 
-    def _default_sampler(self, seed: int) -> Sampler:
-        if self._world_size > 1:
-            return DistributedSampler(
-                self._world_size,
-                self._rank,
-                shuffle=self._shuffle,
-                seed=seed,
-                drop_last=self._settings.drop_last,
-            )
-        return RandomSampler(seed) if self._shuffle else SequentialSampler()
-
-    @property
-    def _order_source(self) -> object:
-        """What orders an epoch: the batch sampler when there is one, else the sampler."""
-        return self._batch_sampler if self._batch_sampler is not None else self._sampler
-
-    # -- the settings, read-only ------------------------------------------------------------
-
     @property
     def dataset(self) -> Any:
         """The dataset."""
         return self._dataset
 
-    @property
-    def sampler(self) -> object:
-        """The sampler that orders each epoch."""
-        return self._sampler
+    sampler = ReadOnly[object]("_order", "The sampler that orders each epoch.")
+    batch_sampler = ReadOnly[object]("_order", "The batch sampler, if one was given.")
+    drop_last = ReadOnly[bool]("_settings", "Whether a short last batch is dropped.")
+    num_workers = ReadOnly[int]("_settings", "Batches processed at once.")
+    item_concurrency = ReadOnly[int]("_settings", "Items of one batch fetched at once.")
+    prefetch_depth = ReadOnly[int]("_settings", "Finished batches that may wait for the consumer.")
+    seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.")
+    rank = ReadOnly[int]("_order", "This process's rank.")
+    world_size = ReadOnly[int]("_order", "The number of ranks sharing each epoch.")
 
     @property
     def batch_size(self) -> int | None:
         """Samples per batch (``None`` with ``batch_sampler`` or without batching, as torch)."""
-        if self._unbatched or self._batch_sampler is not None:
+        if self._unbatched or self._order.batch_sampler is not None:
             return None
         return self._settings.batch_size
-
-    @property
-    def batch_sampler(self) -> object:
-        """The batch sampler, if one was given."""
-        return self._batch_sampler
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether a short last batch is dropped."""
-        return self._settings.drop_last
-
-    @property
-    def num_workers(self) -> int:
-        """Batches processed at once."""
-        return self._settings.num_workers
-
-    @property
-    def item_concurrency(self) -> int:
-        """Items of one batch fetched at once."""
-        return self._settings.item_concurrency
-
-    @property
-    def prefetch_depth(self) -> int:
-        """Finished batches that may wait for the consumer."""
-        return self._settings.prefetch_depth
-
-    @property
-    def seed(self) -> int:
-        """The seed of shuffling and of random transforms."""
-        return self._seed
-
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks sharing each epoch."""
-        return self._world_size
 
     @property
     def epoch(self) -> int:
@@ -321,8 +195,6 @@ class DataLoader:
         self._epoch = check_int("epoch", epoch, 0)
         self._progress = None
 
-    # -- statistics ---------------------------------------------------------------------------
-
     def stats(self) -> LoaderStats:
         """Per-stage statistics since the loader was built (or :meth:`reset_stats`)."""
         return self._recorder.snapshot()
@@ -331,8 +203,6 @@ class DataLoader:
         """Count the statistics from zero again."""
         self._recorder.reset()
 
-    # -- checkpoints ----------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, as a small JSON-serialisable dict.
 
@@ -340,21 +210,14 @@ class DataLoader:
         merely prefetched. Between epochs it names the next epoch with 0 batches received;
         after :meth:`load_state_dict` and before the next batch, the position loaded.
         """
-        resume, progress = self._resume, self._progress
+        resume, progress, expected = self._resume, self._progress, self._expected()
         if resume is not None and resume.epoch == self._epoch:
-            return {**json.loads(json.dumps(resume.state)), "rank": self._rank}
+            return {**json.loads(json.dumps(resume.state)), "rank": self.rank}
         if progress is not None and not progress.done:
-            return write_state(
-                self._expected(),
-                self._rank,
-                progress.epoch,
-                progress.received,
-                progress.offset,
-                progress.sampler,
-            )
-        return write_state(
-            self._expected(), self._rank, self._epoch, 0, 0, capture_sampler(self._order_source)
-        )
+            epoch, received, offset = progress.epoch, progress.received, progress.offset
+            return write_state(expected, self.rank, epoch, received, offset, progress.sampler)
+        sampler = capture_sampler(self._order.source)
+        return write_state(expected, self.rank, self._epoch, 0, 0, sampler)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next epoch yields the batches it had not yet handed over.
@@ -370,14 +233,12 @@ class DataLoader:
                 left as it was.
         """
         resume, generator = check_state(state, self._expected())
-        restore_sampler(self._order_source, resume.state["sampler"], generator)
-        if not self._seed_given:
+        restore_sampler(self._order.source, resume.state["sampler"], generator)
+        if not self._order.seed_given:
             # The seed was drawn from the OS: adopt the saved one, so the order (and the
             # augmentation) is the same.
-            self._seed = resume.state["seed"]
-            if self._owns_sampler:
-                self._sampler = self._default_sampler(self._seed)
-        why = warn_if_unrestorable(self._order_source)
+            self._order.adopt_seed(resume.state["seed"])
+        why = warn_if_unrestorable(self._order.source)
         if why is not None:
             warnings.warn(why, stacklevel=2)
         self._epoch = resume.epoch
@@ -385,17 +246,7 @@ class DataLoader:
         self._resume = resume
 
     def _expected(self) -> Expected:
-        return Expected(
-            dataset_length=len(self._dataset),
-            batch_size=self.batch_size,
-            drop_last=self._settings.drop_last,
-            seed=self._seed,
-            adopts_seed=not self._seed_given,
-            sampler=self._order_source,
-            batch_sampler=self._batch_sampler is not None,
-            world_size=self._world_size,
-            default_sampler=self._default_sampler if self._owns_sampler else None,
-        )
+        return self._order.expected(len(self._dataset), self.batch_size)
 
     def __len__(self) -> int:
         """The number of batches per epoch (PyTorch's convention).
@@ -403,52 +254,29 @@ class DataLoader:
         Raises:
             TypeError: The sampler has no ``__len__``.
         """
-        if self._batch_sampler is not None:
-            return sampler_length(self._batch_sampler, 0)
-        samples = sampler_length(self._sampler, len(self._dataset))
+        if self._order.batch_sampler is not None:
+            return sampler_length(self._order.batch_sampler, 0)
+        samples = sampler_length(self._order.sampler, len(self._dataset))
         return batch_count(samples, self._settings.batch_size, self._settings.drop_last)
-
-    # -- epochs -----------------------------------------------------------------------------
 
     def _start_epoch(self) -> tuple[Sequence[list[int]], Progress]:
         """Fix the batches of the next epoch (the sampler is read whole, now).
 
         After a loaded state, the batches already received are left out, never fetched.
         """
-        epoch = self._follower.epoch(self._epoch)
-        length = len(self._dataset)
         resume, self._resume = self._resume, None
-        if resume is not None and resume.epoch != epoch:
-            resume = None
-        skip = resume.batches if resume is not None else 0
-        offset = 0
-        recorded = capture_sampler(self._order_source)
-        batches: Batches | ListedBatches
-        if self._batch_sampler is not None:
-            batches = read_batch_sampler(self._batch_sampler)  # type: ignore[arg-type]
-        else:
-            indices: Sequence[int]
-            if resume is not None and (resume.world_size != self._world_size or resume.offset):
-                order = shared_order(self._sampler, length, resume.epoch)
-                offset = resume.offset
-                if resume.world_size != self._world_size:
-                    per_rank = resume.batches * self._settings.batch_size
-                    offset, skip = offset + resume.world_size * per_rank, 0
-                indices = elastic_indices(
-                    order, offset, self._world_size, self._rank, self._settings.drop_last
-                )
-            else:
-                indices = read_sampler(self._sampler, length, epoch)
-            batches = cut_batches(indices, self._settings.batch_size, self._settings.drop_last)
-        self._epoch = epoch + 1
-        progress = Progress(epoch, min(skip, len(batches)), offset=offset, sampler=recorded)
+        plan = self._order.plan(self._epoch, resume, len(self._dataset), self._settings.batch_size)
+        batches = plan.batches
+        self._epoch = plan.epoch + 1
+        received = min(plan.skip, len(batches))
+        progress = Progress(plan.epoch, received, offset=plan.offset, sampler=plan.sampler)
         self._progress = progress
         self._skipper = (
             Skipper(epoch_budget(self._max_errors, batches.items), self._recorder)
             if self._skip
             else None
         )
-        return batches[skip:], progress
+        return batches[plan.skip :], progress
 
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.
@@ -472,7 +300,7 @@ class DataLoader:
             item_concurrency=self._settings.item_concurrency,
             recorder=self._recorder,
             skipper=self._skipper,
-            augment=(self._seed, epoch),
+            augment=(self.seed, epoch),
         )
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
@@ -522,8 +350,6 @@ class DataLoader:
         """Run one epoch on the running event loop; yield ``(indices, batch)`` pairs."""
         return self._aiterate(with_indices=True)
 
-    # -- closing ----------------------------------------------------------------------------
-
     def close(self) -> None:
         """Await an async dataset's ``aclose()`` (bounded, on the loader's loop thread) and
         stop the loader's threads; after ``for`` or ``async for`` use alike.
@@ -550,23 +376,13 @@ class DataLoader:
     def __enter__(self) -> DataLoader:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     async def __aenter__(self) -> DataLoader:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     def __repr__(self) -> str:

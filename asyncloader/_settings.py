@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+T = TypeVar("T")
 
 
 def available_cpus() -> int:
@@ -32,6 +35,12 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
     return value
+
+
+def check_callable(name: str, value: object) -> None:
+    """Refuse a ``value`` that is neither callable nor ``None``, naming ``name``."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
 
 
 def check_timeout(name: str, value: object) -> float | None:
@@ -99,3 +108,33 @@ class Settings:
     def requests_in_flight(self) -> int:
         """The most dataset calls in flight at once: ``max(num_workers, 1) * item_concurrency``."""
         return self.batch_tasks * self.item_concurrency
+
+
+class ReadOnly(Generic[T]):
+    """A documented, read-only attribute of an object, read from one of its parts.
+
+    Args:
+        part: The attribute of the owner that holds the value (``"_settings"``), under the
+            same name as this attribute.
+        doc: The attribute's docstring.
+    """
+
+    def __init__(self, part: str, doc: str) -> None:
+        self._part, self._name = part, ""
+        self.__doc__ = doc
+
+    def __set_name__(self, kind: type[Any], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, owner: None, kind: type[Any]) -> ReadOnly[T]: ...
+
+    @overload
+    def __get__(self, owner: object, kind: type[Any]) -> T: ...
+
+    def __get__(self, owner: object, kind: type[Any]) -> ReadOnly[T] | T:
+        """The value (the descriptor itself on the class)."""
+        if owner is None:
+            return self
+        value: T = getattr(getattr(owner, self._part), self._name)
+        return value
