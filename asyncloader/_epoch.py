@@ -32,9 +32,7 @@ _SPLIT_S = 0.002
 """A batch fetched whole has its transforms split over the CPU threads when they take at
 least this long in all (by the epoch's mean so far; the first batch always is): a part costs
 a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
-the time (side runs of the suite's (c), 64 JPEGs a batch on 2 threads: the first batch in
-47-49 ms against 72-77, the same rate, and a batch less memory at the peak: the two batches
-in work no longer end together)."""
+the time, with a batch less memory at the peak (docs/performance.md)."""
 
 
 def transform_items(

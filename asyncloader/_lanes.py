@@ -7,17 +7,10 @@ the event loop: the last lane or transform of the batch to end wakes the batch t
 
 An async dataset's lanes are tasks on the event loop, alive for the epoch, one set per batch
 slot (:class:`Lanes`). A sync dataset's are jobs on its I/O threads (:func:`fetch_on_threads`),
-one per lane of a batch, each taking item after item with no hop back to the loop: before, each
-of its items was a job of its own, with four thread hops when it had a transform. Measured
-against that, interleaved side runs on 2 cores: the suite's (e) (4 MiB files, one batch of two
-lanes, no transform) read 9,221 against 7,624 MiB/s (5 pairs; 5 more later, on a slower host:
-8,508 against 7,955), first batch in 21-23 against 30 ms, and the loop thread's CPU time for
-496 files fell from 41-45 to 10 ms; a sync dataset that blocks 2 ms an item, with a small
-NumPy transform (32 lanes in all): 10,799-12,788 against 7,644-9,173 items/s (3 pairs).
-An async lane used to wait for each item's transform before its next request: HTTP at 20 ms,
-64 in flight, a transform of 50 us of Python, 0.96-0.97 of the limit against 0.91-0.93 (300
-us: 0.78-0.81 against 0.74-0.77); ``make demo`` (5 ms, 64 in flight), 74-84% of the limit
-against 74-76% (3 interleaved pairs each).
+one per lane of a batch, each taking item after item with no hop back to the loop (a job per
+item took four thread hops with a transform, and kept the loop thread busy); and an async lane
+does not wait for an item's transform before its next request. What each of these measured is
+in docs/performance.md ("Measurements behind the code").
 """
 
 from __future__ import annotations

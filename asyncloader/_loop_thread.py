@@ -21,8 +21,8 @@ _STOP_GRACE_S = 2.0
 
 
 _new_loop: Callable[[], asyncio.AbstractEventLoop]
-# Imported with the package, not by the first epoch: loading uvloop's extension takes ~2 ms
-# here, most of the ~3.5 ms a first batch with workers took (docs/performance.md, (f)).
+# Imported with the package, not by the first epoch: loading uvloop's extension takes ~2 ms,
+# most of a first batch's time with workers (docs/performance.md, (f)).
 try:
     import uvloop
 

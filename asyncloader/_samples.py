@@ -29,10 +29,9 @@ def sample(index: int, floats: int = SAMPLE_FLOATS) -> bytes:
 class _SampleServer(asyncio.Protocol):
     """One connection of the sample server: HTTP/1.1 GETs, answered after the latency.
 
-    A bare protocol, not aiohttp's web server: that one costs about 0.2 ms of CPU per
-    request, which on a 2-core machine (shared with the loader) capped the demo at about 65% of
-    its limit at 64 in flight; this one parses only the request line, so the loader, not the
-    server, is what the demo and the benchmark suite measure.
+    A bare protocol, not aiohttp's web server, which costs about 0.2 ms of CPU per request on
+    the loader's cores: this one parses only the request line, so the loader, not the server,
+    is what the demo and the benchmark suite measure.
     """
 
     in_flight = 0

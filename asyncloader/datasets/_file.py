@@ -1,19 +1,16 @@
 """``FileDataset``: whole files read from a local or mounted file system.
 
 It is a *sync* dataset: the loader's I/O threads (sized to the requests in flight) each make
-one hop that opens, reads and closes a file, or it runs inline on the direct path. Measured
-against ``aiofiles`` (a thread hop for each of open, read and close) with
-``benches/bench_datasets.py --only files`` on this project's 2-core machine, 8 reads in flight
-on 8 executor threads, page cache warm: one hop per file read 18,737 MiB/s of 4 MiB files
-against aiofiles' 6,026 (3.1x), and 137 MiB/s of 16 KiB files against 81 (1.7x). So aiofiles
-is not used.
+one hop that opens, reads and closes a file, or it runs inline on the direct path. That is
+faster than ``aiofiles``, which makes a thread hop for each of open, read and close
+(``benches/bench_datasets.py --only files``; docs/performance.md), so aiofiles is not used.
 
 With ``mmap=True`` an item is a read-only map of the file's pages in the page cache instead of
-a copy: reading a 4 MiB file into fresh memory costs its page faults and a copy (a loop that
-keeps each batch alive read 2-3 GB/s here), mapping it costs its page-table entries, filled
-at once (``MAP_POPULATE``) so that the training step touching the bytes takes no faults. That
-is over 100 GB/s for a file the kernel caches in large folios, and about a read's speed for
-one cached in 4 KiB pages (``docs/settings.md``); so it is not the default.
+a copy: reading a file into fresh memory costs its page faults and a copy, mapping it costs
+its page-table entries, filled at once (``MAP_POPULATE``) so that the training step touching
+the bytes takes no faults. That is much faster for a file the kernel caches in large folios,
+and about a read's speed for one cached in 4 KiB pages (``docs/settings.md``); so it is not
+the default.
 """
 
 from __future__ import annotations

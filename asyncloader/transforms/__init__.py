@@ -14,7 +14,7 @@ Typical::
     collate_fn = ImageCollator(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 
 which gives the batches of ``Compose([..., ToFloat(), Normalize(mean, std), ToCHW()])``
-with ``ImageCollator()``, bit for bit, at about 1.8x the rate on one core.
+with ``ImageCollator()``, bit for bit, at a higher rate (docs/performance.md).
 """
 
 from .._transform import Compose as Compose

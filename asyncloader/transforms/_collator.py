@@ -10,10 +10,9 @@ page faults of fresh memory, which are most of the cost of collating large batch
 
 With ``mean`` and ``std`` the copy also normalizes, so that a chain can end at uint8: each
 item stays a quarter of its float size until its batch is collated, and is converted once,
-into the batch, instead of into a float copy per step (``ToFloat``, ``Normalize``). Measured
-with ``benches/suite.py`` (c) on one core: the chain with the normalization per item ran
-about 670 images/s, ending at uint8 and normalized while collated about 1,190, with the same
-values bit for bit.
+into the batch, instead of into a float copy per step (``ToFloat``, ``Normalize``), with the
+same values bit for bit and a higher rate (docs/performance.md, "Measurements behind the
+code").
 """
 
 from __future__ import annotations
@@ -80,8 +79,8 @@ class ImageCollator:
         mean: With ``std``, normalize while collating, per channel: the batch is float32,
             ``(x / 255 - mean) / std`` for uint8 images (what ``ToFloat`` then ``Normalize``
             give, bit for bit) and ``(x - mean) / std`` for float ones (computed in float32).
-            End the chain at uint8, after its crops and flips: about 1.8x the rate of
-            normalizing each item, with a quarter of the memory per item.
+            End the chain at uint8, after its crops and flips: faster than normalizing each
+            item, with a quarter of the memory per item (docs/performance.md).
         std: One value per channel, none zero (with ``mean``).
 
     Raises:
@@ -200,9 +199,9 @@ def _normalize_into(
     """Write ``source`` normalized into ``out`` (float32): the steps of ``ToFloat`` and
     ``Normalize``, in their order and precision, so the values are theirs bit for bit."""
     if source.dtype == np.uint8:
-        # Cast first, then divide in place: the same values, and ~12% faster for an HWC image
-        # into CHW (119 against 136 us a 224x224 image, interleaved runs): the strided read
-        # is a plain cast, and the division runs on contiguous float32.
+        # Cast first, then divide in place: the same values, and faster for an HWC image into
+        # CHW (docs/performance.md): the strided read is a plain cast, and the division runs
+        # on contiguous float32.
         np.copyto(out, source, casting="unsafe")
         np.divide(out, np.float32(255), out=out)
     elif np.issubdtype(source.dtype, np.floating):
