@@ -12,8 +12,8 @@ processes, of every run.
 Every run is a fresh process (``_run.py``), so start-up, first batch and memory are its own;
 the systems take turns run by run, and each figure is the median of ``--repeats`` runs, quoted
 as a ratio to a peer and a fraction of the limit measured in the same suite run. Writes
-``benches/results/suite.json``, ``benches/results/suite.md``, the plots in ``docs/img/`` and
-the generated part of ``docs/performance.md``.
+``benches/results/suite.json`` (raw, not committed), ``benches/results/suite.md``, the plots
+in ``docs/img/`` and the generated part of ``docs/performance.md``.
 
 Run: ``make bench``, or ``.venv/bin/python benches/suite.py [--repeats R] [--only a,b,...]``.
 """

@@ -23,9 +23,12 @@ class Slow:
 
 async def main() -> None:
     async with DataLoader(Slow(), batch_size=16, num_workers=2, item_concurrency=16) as loader:
+        seen: list[int] = []
         async for indices, batch in loader.aiter_with_indices():
             assert batch.tolist() == indices
-        print(f"{len(loader)} batches, in order, with 32 requests in flight")
+            seen += indices
+        in_order = seen == list(range(len(Slow())))
+        print(f"{len(loader)} batches, {len(seen)} items, in order: {in_order}")
 
 
 if __name__ == "__main__":

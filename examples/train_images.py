@@ -35,6 +35,7 @@ def write_images(folder: Path) -> None:
 
 
 def main() -> None:
+    torch.manual_seed(0)  # the same weights, so the same losses, every run
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, stride=2),
         torch.nn.ReLU(),
@@ -67,7 +68,7 @@ def main() -> None:
                     optimizer.zero_grad()
                     loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
                     optimizer.step()
-                    losses.append(float(loss))
+                    losses.append(loss.item())
                 print(f"epoch {epoch}: mean loss {np.mean(losses):.3f}")
 
 
