@@ -1,22 +1,18 @@
-"""Saved states no loader wrote, resume at the edges, and the forms torch users' code takes:
-torch samplers with generators, ``set_epoch``, ``batch_size=None``, ``batch_sampler``,
-``generator``, an ``IterableDataset``, and what ``default_collate`` is handed."""
+"""Saved states no loader wrote, resume at the edges, ``batch_size=None`` and what
+``default_collate`` is handed (torch's own samplers and datasets: ``test_hostile_torch.py``)."""
 
 from __future__ import annotations
 
 import collections.abc
+import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import BatchSampler, IterableDataset
-from torch.utils.data import DistributedSampler as TorchDistributedSampler
-from torch.utils.data import RandomSampler as TorchRandomSampler
 
 from asyncloader import DataLoader, default_collate
 from asyncloader.testing import assert_equal_output_after_checkpoint
@@ -67,19 +63,12 @@ CONFIGS: dict[str, Callable[[], DataLoader]] = {
         SyncData(23), batch_size=4, shuffle=True, seed=3, rank=1, world_size=2
     ),
     "custom sampler": lambda: DataLoader(SyncData(23), batch_size=4, sampler=Rotating(23)),
-    "torch generator": lambda: DataLoader(
-        SyncData(23),
-        batch_size=4,
-        sampler=TorchRandomSampler(range(23), generator=torch.Generator().manual_seed(1)),
-    ),
-    "batch sampler": lambda: DataLoader(
-        SyncData(23),
-        batch_sampler=BatchSampler(
-            TorchRandomSampler(range(23), generator=torch.Generator().manual_seed(2)), 5, False
-        ),
-    ),
     "unbatched": lambda: DataLoader(SyncData(9), batch_size=None, shuffle=True, seed=4),
 }
+if importlib.util.find_spec("torch") is not None:  # not on the Pythons without its wheel here
+    from .torch_configs import TORCH_CONFIGS
+
+    CONFIGS.update(TORCH_CONFIGS)
 HOSTILE: list[object] = [
     -1,
     0,
@@ -226,37 +215,6 @@ def test_a_state_saved_inside_an_elastic_epoch_resumes_into_the_same_shares() ->
             assert head + batches(second) == expected
 
 
-@pytest.mark.parametrize("config", ["torch generator", "batch sampler", "custom sampler"])
-def test_resume_is_exact_in_later_epochs_with_torch_samplers(config: str) -> None:
-    assert_equal_output_after_checkpoint(CONFIGS[config], epochs=3)
-
-
-def test_a_torch_sampler_without_a_generator_warns_on_load() -> None:
-    def make() -> DataLoader:
-        return DataLoader(SyncData(10), batch_size=2, sampler=TorchRandomSampler(range(10)))
-
-    with make() as first:
-        state = first.state_dict()
-    with make() as second, pytest.warns(UserWarning, match="global random state"):
-        second.load_state_dict(state)
-
-
-def test_torch_distributed_sampler_gets_the_epoch_its_user_set() -> None:
-    indices: Any = range(20)
-    sampler: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
-    loader = DataLoader(SyncData(20), batch_size=5, sampler=sampler)
-    reference: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
-    for epoch in range(3, 6):  # torch's documented loop, started at a later epoch
-        sampler.set_epoch(epoch)
-        reference.set_epoch(epoch)
-        got = [i for batch in batches(loader) for i in batch]
-        assert got == list(reference)
-        assert loader.epoch == epoch + 1
-    second = list(batches(loader))  # no set_epoch: the loader's own epoch, 6
-    reference.set_epoch(6)
-    assert [i for batch in second for i in batch] == list(reference)
-
-
 def test_batch_size_none_yields_items_one_by_one() -> None:
     loader = DataLoader(SyncData(5), batch_size=None)
     assert len(loader) == 5
@@ -270,54 +228,6 @@ def test_batch_size_none_yields_items_one_by_one() -> None:
     with pytest.raises(ValueError, match="drop_last"):
         DataLoader(SyncData(3), batch_size=None, drop_last=True)
     assert_equal_output_after_checkpoint(CONFIGS["unbatched"], epochs=2)
-
-
-def test_batch_sampler_makes_the_batches() -> None:
-    plain = [[3, 1], [0], [2, 4, 5]]
-    loader = DataLoader(SyncData(6), batch_sampler=plain)
-    assert len(loader) == 3
-    assert loader.batch_size is None
-    assert batches(loader) == plain
-    torch_made = BatchSampler(range(7), 3, drop_last=True)
-    assert batches(DataLoader(SyncData(7), batch_sampler=torch_made)) == [[0, 1, 2], [3, 4, 5]]
-    exclusives: list[dict[str, Any]] = [
-        {"batch_size": 2},
-        {"shuffle": True},
-        {"sampler": [0]},
-        {"drop_last": True},
-    ]
-    for exclusive in exclusives:
-        with pytest.raises(ValueError, match="batch_sampler is exclusive"):
-            DataLoader(SyncData(6), batch_sampler=plain, **exclusive)
-    with pytest.raises(TypeError, match="batch_sampler yielded"):
-        list(DataLoader(SyncData(6), batch_sampler=[[0], 1]))
-
-
-def test_generator_seeds_the_shuffle_reproducibly() -> None:
-    def run(seed: int) -> list[list[int]]:
-        generator = torch.Generator().manual_seed(seed)
-        return batches(DataLoader(SyncData(30), batch_size=10, shuffle=True, generator=generator))
-
-    assert run(5) == run(5)
-    assert run(5) != run(6)
-    with pytest.raises(ValueError, match="exclusive"):
-        DataLoader(SyncData(3), shuffle=True, seed=1, generator=torch.Generator())
-    with pytest.raises(TypeError, match="generator"):
-        DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
-
-
-class Stream(IterableDataset[int]):
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(3))
-
-    def __len__(self) -> int:
-        return 3
-
-
-def test_an_iterable_dataset_is_refused_at_construction() -> None:
-    for stream in (Stream(), (i for i in range(3))):
-        with pytest.raises(TypeError, match="iterable \\(stream\\) dataset"):
-            DataLoader(stream)
 
 
 class Pair(collections.abc.Sequence[int]):

@@ -1,0 +1,99 @@
+"""torch users' samplers and datasets: generators, ``set_epoch``, ``BatchSampler``,
+``generator=``, ``IterableDataset``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, IterableDataset
+from torch.utils.data import DistributedSampler as TorchDistributedSampler
+from torch.utils.data import RandomSampler as TorchRandomSampler
+
+from asyncloader import DataLoader
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+from .datasets import SyncData
+from .test_hostile_states import CONFIGS, batches
+
+
+@pytest.mark.parametrize("config", ["torch generator", "batch sampler", "custom sampler"])
+def test_resume_is_exact_in_later_epochs_with_torch_samplers(config: str) -> None:
+    assert_equal_output_after_checkpoint(CONFIGS[config], epochs=3)
+
+
+def test_a_torch_sampler_without_a_generator_warns_on_load() -> None:
+    def make() -> DataLoader:
+        return DataLoader(SyncData(10), batch_size=2, sampler=TorchRandomSampler(range(10)))
+
+    with make() as first:
+        state = first.state_dict()
+    with make() as second, pytest.warns(UserWarning, match="global random state"):
+        second.load_state_dict(state)
+
+
+def test_torch_distributed_sampler_gets_the_epoch_its_user_set() -> None:
+    indices: Any = range(20)
+    sampler: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
+    loader = DataLoader(SyncData(20), batch_size=5, sampler=sampler)
+    reference: Any = TorchDistributedSampler(indices, num_replicas=2, rank=1, shuffle=True, seed=9)
+    for epoch in range(3, 6):  # torch's documented loop, started at a later epoch
+        sampler.set_epoch(epoch)
+        reference.set_epoch(epoch)
+        got = [i for batch in batches(loader) for i in batch]
+        assert got == list(reference)
+        assert loader.epoch == epoch + 1
+    second = list(batches(loader))  # no set_epoch: the loader's own epoch, 6
+    reference.set_epoch(6)
+    assert [i for batch in second for i in batch] == list(reference)
+
+
+def test_batch_sampler_makes_the_batches() -> None:
+    plain = [[3, 1], [0], [2, 4, 5]]
+    loader = DataLoader(SyncData(6), batch_sampler=plain)
+    assert len(loader) == 3
+    assert loader.batch_size is None
+    assert batches(loader) == plain
+    torch_made = BatchSampler(range(7), 3, drop_last=True)
+    assert batches(DataLoader(SyncData(7), batch_sampler=torch_made)) == [[0, 1, 2], [3, 4, 5]]
+    exclusives: list[dict[str, Any]] = [
+        {"batch_size": 2},
+        {"shuffle": True},
+        {"sampler": [0]},
+        {"drop_last": True},
+    ]
+    for exclusive in exclusives:
+        with pytest.raises(ValueError, match="batch_sampler is exclusive"):
+            DataLoader(SyncData(6), batch_sampler=plain, **exclusive)
+    with pytest.raises(TypeError, match="batch_sampler yielded"):
+        list(DataLoader(SyncData(6), batch_sampler=[[0], 1]))
+
+
+def test_generator_seeds_the_shuffle_reproducibly() -> None:
+    def run(seed: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(seed)
+        return batches(DataLoader(SyncData(30), batch_size=10, shuffle=True, generator=generator))
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+    with pytest.raises(ValueError, match="exclusive"):
+        DataLoader(SyncData(3), shuffle=True, seed=1, generator=torch.Generator())
+    with pytest.raises(TypeError, match="generator"):
+        DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
+
+
+class Stream(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def test_an_iterable_dataset_is_refused_at_construction() -> None:
+    for stream in (Stream(), (i for i in range(3))):
+        with pytest.raises(TypeError, match="iterable \\(stream\\) dataset"):
+            DataLoader(stream)
