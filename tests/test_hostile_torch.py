@@ -85,7 +85,7 @@ def test_generator_seeds_the_shuffle_reproducibly() -> None:
         DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
 
 
-class Stream(IterableDataset[int]):
+class Stream(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
     def __iter__(self) -> Iterator[int]:
         return iter(range(3))
 
