@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +101,21 @@ def fetch_or_skip(dataset: Any, indices: list[int], skipper: Skipper | None) -> 
     return items
 
 
+class _Scope:
+    __slots__ = ("_augment", "_key", "_recorder", "_token")
+
+    def __init__(self, recorder: Recorder, augment: tuple[int, int]) -> None:
+        self._recorder, self._augment = recorder, augment
+
+    def __enter__(self) -> None:
+        self._token = current.set(self._recorder)
+        self._key = epoch_key.set(self._augment)
+
+    def __exit__(self, *exc: object) -> None:
+        current.reset(self._token)
+        epoch_key.reset(self._key)
+
+
 @dataclass(frozen=True)
 class EpochContext:
     """What every batch of one epoch needs (see the module docstring)."""
@@ -117,17 +131,11 @@ class EpochContext:
     augment: tuple[int, int]
     """``(seed, epoch)``: the key random transforms draw from."""
 
-    @contextmanager
-    def scope(self) -> Iterator[None]:
+    def scope(self) -> _Scope:
         """Make the epoch's recorder and augmentation key current (the datasets' retry loops
         count into the one, random transforms draw from the other); pool jobs started inside
-        inherit both."""
-        token, key = current.set(self.recorder), epoch_key.set(self.augment)
-        try:
-            yield
-        finally:
-            current.reset(token)
-            epoch_key.reset(key)
+        inherit both. A plain context manager: the direct path enters it once per batch."""
+        return _Scope(self.recorder, self.augment)
 
     async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the CPU pool."""
