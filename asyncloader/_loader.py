@@ -27,7 +27,7 @@ from ._state import (
     capture_sampler,
     check_state,
     restore_sampler,
-    warn_if_unrestorable,
+    unrestorable_reason,
     write_state,
 )
 from ._stats import LoaderStats, Recorder
@@ -238,7 +238,7 @@ class DataLoader:
             # The seed was drawn from the OS: adopt the saved one, so the order (and the
             # augmentation) is the same.
             self._order.adopt_seed(resume.state["seed"])
-        why = warn_if_unrestorable(self._order.source)
+        why = unrestorable_reason(self._order.source)
         if why is not None:
             warnings.warn(why, stacklevel=2)
         self._epoch = resume.epoch

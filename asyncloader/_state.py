@@ -35,6 +35,7 @@ from ._sampler import (
     SequentialSampler,
     batch_count,
     read_sampler,
+    sampler_length,
     shard,
 )
 
@@ -113,10 +114,15 @@ def order_of(sampler: object) -> tuple[bool, int] | None:
     return None
 
 
+def _samplers(sampler: object) -> tuple[object, object]:
+    """The sampler and the one it wraps, if any (torch's ``BatchSampler`` wraps one)."""
+    return sampler, getattr(sampler, "sampler", None)
+
+
 def _generator(sampler: object) -> Any:
     """A torch ``Generator`` the sampler draws its order from (torch's ``RandomSampler``,
     ``SubsetRandomSampler``, ``WeightedRandomSampler``, or one inside a ``BatchSampler``)."""
-    for candidate in (sampler, getattr(sampler, "sampler", None)):
+    for candidate in _samplers(sampler):
         generator = getattr(candidate, "generator", None)
         if callable(getattr(generator, "get_state", None)) and callable(
             getattr(generator, "set_state", None)
@@ -126,7 +132,7 @@ def _generator(sampler: object) -> Any:
 
 
 def _draws_from_torchs_global_generator(sampler: object) -> bool:
-    for candidate in (sampler, getattr(sampler, "sampler", None)):
+    for candidate in _samplers(sampler):
         module = type(candidate).__module__
         if module.startswith("torch.") and "Random" in type(candidate).__name__:
             return getattr(candidate, "generator", "absent") is None
@@ -157,10 +163,15 @@ def capture_sampler(sampler: object) -> dict[str, Any]:
     return {"kind": "iterable"}
 
 
-def _field(state: dict[str, Any], key: str, minimum: int) -> int:
-    value = state[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _field(state: dict[str, Any], key: str, minimum: int, default: int | None = None) -> int:
+    value = state.get(key, default)
+    if not _is_int(value, minimum):
         raise ValueError(f"state {key} must be an int of at least {minimum}, got {value!r}")
+    assert isinstance(value, int)
     return value
 
 
@@ -173,7 +184,7 @@ def _check_sampler(saved: object, ours: dict[str, Any], sampler: object) -> byte
         fields = {"random": ("seed",), "distributed": ("shuffle", "seed", "drop_last")}
         for key in fields.get(kind, ()):
             value = saved.get(key)
-            ok = isinstance(value, bool) if key != "seed" else _is_count(value)
+            ok = isinstance(value, bool) if key != "seed" else _is_int(value, 0)
             if not ok:
                 raise ValueError(f"state sampler {key} is invalid: {value!r}")
         saved_order = (kind != "sequential" and saved.get("shuffle", True), saved.get("seed", 0))
@@ -200,23 +211,17 @@ def _check_sampler(saved: object, ours: dict[str, Any], sampler: object) -> byte
     return raw
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _batches_in_epoch(expected: Expected, world_size: int, offset: int) -> int | None:
     """The batches one rank's epoch has at that world size and offset, if known."""
     length, drop_last = expected.dataset_length, expected.drop_last
     sampler, batch_size = expected.sampler, expected.batch_size or 1
-    if expected.batch_sampler:
-        return len(sampler) if hasattr(sampler, "__len__") else None
-    if offset == 0 and world_size == expected.world_size:
-        if isinstance(sampler, Sampler):
-            samples = sampler.num_samples(length)
-        elif hasattr(sampler, "__len__"):
-            samples = len(sampler)
-        else:
+    if expected.batch_sampler or (offset == 0 and world_size == expected.world_size):
+        try:
+            samples = sampler_length(sampler, length)
+        except TypeError:  # a sampler without len(): its epoch's end is unknown
             return None
+        if expected.batch_sampler:
+            return samples
     else:
         left = length - offset
         samples = left // world_size if drop_last else -(-left // world_size)
@@ -250,7 +255,7 @@ def check_state(state: object, expected: Expected) -> tuple[Resume, bytes | None
     rank = _field(state, "rank", 0)
     if rank >= world_size:
         raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
-    offset = _field({"offset": state.get("offset", 0)}, "offset", 0)
+    offset = _field(state, "offset", 0, default=0)
     for key in ("dataset_length", "batch_size", "drop_last"):
         ours = getattr(expected, key)
         if state[key] != ours or type(state[key]) is not type(ours):
@@ -312,7 +317,7 @@ def restore_sampler(sampler: object, saved: dict[str, Any], generator: bytes | N
         _generator(sampler).set_state(torch.frombuffer(bytearray(generator), dtype=torch.uint8))
 
 
-def warn_if_unrestorable(sampler: object) -> str | None:
+def unrestorable_reason(sampler: object) -> str | None:
     """Why the sampler's order cannot be restored, if it cannot (``None`` when it can)."""
     if _draws_from_torchs_global_generator(sampler):
         return (
