@@ -145,7 +145,7 @@ class ThreadedIterator:
     def __init__(
         self,
         runtime: Runtime,
-        work: EpochContext,
+        context: EpochContext,
         batches: Sequence[list[int]],
         prefetch_depth: int,
         timeout: float | None,
@@ -153,7 +153,7 @@ class ThreadedIterator:
         progress: Progress,
     ) -> None:
         self._progress = progress
-        self._recorder = work.recorder
+        self._recorder = context.recorder
         self._runtime = runtime
         self._timeout = timeout
         self._with_indices = with_indices
@@ -163,7 +163,7 @@ class ThreadedIterator:
         self._pid = os.getpid()
         self._finished = threading.Event()
         self._future = loop_thread.submit(
-            _run_epoch(drive(work, batches, self._handoff), self._finished)
+            _run_epoch(drive(context, batches, self._handoff), self._finished)
         )
         self._open = True
         self._recorder.epoch_started()
@@ -232,7 +232,7 @@ class AsyncEpochIterator:
 
     def __init__(
         self,
-        work: EpochContext,
+        context: EpochContext,
         batches: Sequence[list[int]],
         prefetch_depth: int,
         timeout: float | None,
@@ -240,8 +240,8 @@ class AsyncEpochIterator:
         progress: Progress,
     ) -> None:
         self._progress = progress
-        self._recorder = work.recorder
-        self._work: EpochContext | None = work
+        self._recorder = context.recorder
+        self._context: EpochContext | None = context
         self._batches = batches
         self._remaining = len(batches)
         self._timeout = timeout
@@ -263,12 +263,12 @@ class AsyncEpochIterator:
         if not self._open:
             raise StopAsyncIteration
         if self._task is None:
-            assert self._work is not None
+            assert self._context is not None
             self._task = asyncio.get_running_loop().create_task(
-                drive(self._work, self._batches, self._handoff)
+                drive(self._context, self._batches, self._handoff)
             )
             _keep(self._task)
-            self._work = None
+            self._context = None
             self._recorder.epoch_started()
         started = time.perf_counter()
         try:
@@ -292,7 +292,7 @@ class AsyncEpochIterator:
     async def aclose(self) -> None:
         """Cancel the epoch and wait until its tasks are gone."""
         self._end()
-        self._work = None
+        self._context = None
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()

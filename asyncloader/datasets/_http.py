@@ -64,10 +64,9 @@ def _reason(error: BaseException) -> str:
     """The first line of a client error's reason, short and redacted: a hostile response's
     own bytes are quoted in aiohttp's messages, so they are cut, never echoed whole."""
     cause = error.__cause__ if error.__cause__ is not None else error
-    text = getattr(cause, "message", None) or str(cause) or type(cause).__name__
-    line = redact_text(str(text)).strip().splitlines()[0] if str(text).strip() else ""
-    line = re.split(r":?\s*b['\"]", line)[0]  # aiohttp quotes the response's bytes after it
-    line = line.rstrip(":").strip() or type(cause).__name__
+    lines = redact_text(str(getattr(cause, "message", None) or cause)).strip().splitlines()
+    line = re.split(r":?\s*b['\"]", lines[0] if lines else "")[0]  # aiohttp quotes the
+    line = line.rstrip(":").strip() or type(cause).__name__  # response's bytes after it
     return line if len(line) <= 120 else line[:117] + "..."
 
 
