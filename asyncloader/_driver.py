@@ -1,16 +1,17 @@
 """The epoch driver: one async function that runs an epoch's batches in order, bounded.
 
-The driver walks the batches in epoch order and keeps at most ``batch_tasks`` batch tasks
-running (a bounded, ordered ``buffered`` map, so no reorder buffer is needed). It awaits the
-oldest task, takes a prefetch permit, and only then forgets the task and hands its batch over:
-a finished batch that waits for a permit still counts as one of the running tasks, so no batch
-is ever started further than ``batch_tasks + prefetch_depth`` past the consumer.
+The driver opens the batches in epoch order, each as a task, once it holds one of the
+hand-off's permits: the consumer returns a permit when it takes a batch, so no batch is ever
+started further than ``num_workers + prefetch_depth`` (the window) past the one the consumer
+takes next. It awaits the tasks in the same order and hands each outcome over (a bounded,
+ordered ``buffered`` map, so no reorder buffer is needed).
 
 A batch task fetches its items, then collates on the CPU pool. With ``item_concurrency == 1`` a
 batch is fetched whole when it can be (one ``__getitems__`` call, or one I/O-pool call for a
-sync dataset) and transformed in one CPU job per thread when its transforms are worth a hop
-(:func:`._epoch.transform_in_parts`). Otherwise its items come from lanes that hand each item
-to the CPU pool for its transform as soon as it arrives (:mod:`._lanes`).
+sync dataset), at most ``max(num_workers, 1)`` batches at once, and transformed in one CPU job
+per thread when its transforms are worth a hop (:func:`._epoch.transform_in_parts`).
+Otherwise the epoch's lanes fetch its items, after those of the batches opened before it, and
+hand each item to the CPU pool for its transform as soon as it arrives (:mod:`._lanes`).
 Failures become :class:`Failure` values; cancellation cancels every task and waits for them, so
 requests in flight are cancelled, not completed. Under ``errors="skip"`` a failing item is
 dropped from its batch instead (see :mod:`._skip`).
@@ -26,8 +27,9 @@ from typing import Any, Protocol
 
 from ._epoch import Batch, EpochContext, transform_in_parts
 from ._handoff import END, Failure
-from ._lanes import Lanes, fetch_on_threads, fetch_one_lane
+from ._lanes import Lanes, ThreadLanes
 from ._pool import priority
+from ._skip import SKIPPED
 
 
 class Handoff(Protocol):
@@ -38,49 +40,67 @@ class Handoff(Protocol):
     def put(self, value: object) -> None: ...
 
 
-async def _fetch_whole(context: EpochContext, indices: list[int]) -> list[Any]:
-    recorder = context.recorder
-    started = recorder.fetch_started(len(indices))
-    try:
-        items = await context.source.get_batch(indices)
-    except BaseException:
-        recorder.fetch_done(started, None, len(indices))
-        raise
-    recorder.fetch_done(started, items, len(indices))
-    return items
+class _Whole:
+    """Batches fetched whole: ``max(num_workers, 1)`` fetches at once."""
+
+    def __init__(self, context: EpochContext) -> None:
+        self.context = context
+        self.fetches = asyncio.Semaphore(context.batch_tasks)
+
+    async def fetch(self, indices: list[int]) -> list[Any]:
+        recorder = self.context.recorder
+        async with self.fetches:
+            started = recorder.fetch_started(len(indices))
+            try:
+                items = await self.context.source.get_batch(indices)
+            except BaseException:
+                recorder.fetch_done(started, None, len(indices))
+                if self.context.skipper is None:
+                    raise
+            else:
+                recorder.fetch_done(started, items, len(indices))
+                return items
+            return await self._each(indices)
+
+    async def _each(self, indices: list[int]) -> list[Any]:
+        """Find the failing items one by one, and drop just those (``errors="skip"``)."""
+        recorder, skipper = self.context.recorder, self.context.skipper
+        assert skipper is not None
+        items: list[Any] = []
+        for index in indices:
+            started = recorder.fetch_started(1)
+            try:
+                item = await self.context.source.get(index)
+            except Exception as error:
+                recorder.fetch_done(started, None, 1)
+                skipper.skip(index, error)
+                item = SKIPPED
+            else:
+                recorder.item_done(started, item)
+            items.append(item)
+        return items
 
 
 async def process_batch(
-    context: EpochContext, indices: list[int], position: int, lanes: Lanes | None
+    context: EpochContext,
+    indices: list[int],
+    position: int,
+    fetcher: Lanes | ThreadLanes | _Whole,
 ) -> Batch | Failure:
     """Fetch, transform and collate one batch; a failure is returned, never raised.
 
     ``position`` (the batch's place in the epoch) is the priority of its pool jobs: older
-    batches, which the consumer will take first, get the threads first. ``lanes``: the
-    slot's lanes for an async dataset when ``item_concurrency > 1``.
+    batches, which the consumer will take first, get the threads first.
     """
     priority.set(position)  # this task's own context: its jobs only
     try:
         batch: Batch
-        if context.item_concurrency > 1 or not context.source.fetches_whole_batches:
+        if not isinstance(fetcher, _Whole):
             # Lanes: each item goes to the CPU pool for its transform as soon as it arrives.
-            if context.source.io is not None:  # a sync dataset: lanes on its I/O threads
-                items = await fetch_on_threads(context, indices)
-            elif lanes is None:
-                items = await fetch_one_lane(context, indices)
-            else:
-                items = await lanes.fetch(indices, position)
+            items = await fetcher.fetch(indices, position)
             batch = await context.on_cpu(context.collate_only, indices, items)
             return batch
-        try:
-            items = await _fetch_whole(context, indices)
-        except Exception:
-            if context.skipper is None:
-                raise
-            # Find the failing items one by one, and drop just those.
-            items = await fetch_one_lane(context, indices)
-            batch = await context.on_cpu(context.collate_only, indices, items)
-            return batch
+        items = await fetcher.fetch(indices)
         parts = context.parts(len(indices))
         if parts == 1:  # one job: transform and collate
             batch = await context.on_cpu(context.finish, indices, items)
@@ -99,29 +119,57 @@ async def drive(context: EpochContext, batches: Sequence[list[int]], handoff: Ha
         await _drive(context, batches, handoff)
 
 
-async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: Handoff) -> None:
+def _fetcher(context: EpochContext) -> Lanes | ThreadLanes | _Whole:
+    if context.item_concurrency == 1 and context.source.fetches_whole_batches:
+        return _Whole(context)
+    if context.source.io is not None:
+        return ThreadLanes(context)
+    return Lanes(context)
+
+
+async def _open(
+    context: EpochContext,
+    batches: Sequence[list[int]],
+    handoff: Handoff,
+    fetcher: Lanes | ThreadLanes | _Whole,
+    running: deque[asyncio.Future[Batch | Failure]],
+    opened: asyncio.Event,
+) -> None:
+    """Start each batch once the window has room for it (the driver's second task)."""
     loop = asyncio.get_running_loop()
-    running: deque[asyncio.Task[Batch | Failure]] = deque()
-    started = 0
     recorder = context.recorder
-    slots: list[Lanes] = []
     try:
-        if context.item_concurrency > 1 and context.source.io is None:  # made here, so that the
-            # lanes inherit the context
-            slots = [Lanes(context) for _ in range(min(context.batch_tasks, len(batches)))]
-        while True:
-            while started < len(batches) and len(running) < context.batch_tasks:
-                lanes = slots[started % len(slots)] if slots else None
-                running.append(
-                    loop.create_task(process_batch(context, batches[started], started, lanes))
-                )
-                started += 1
-            if not running:
-                break
-            outcome = await running[0]
+        for position, indices in enumerate(batches):
             waiting = time.perf_counter()
             await handoff.acquire()
             recorder.add("permit_wait", time.perf_counter() - waiting)
+            running.append(loop.create_task(process_batch(context, indices, position, fetcher)))
+            opened.set()
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # a fault of the driver itself: end loudly, never hang
+        failed: asyncio.Future[Batch | Failure] = loop.create_future()
+        failed.set_result(Failure(error))
+        running.append(failed)
+    finally:
+        opened.set()  # the driver sees this task done once it wakes
+
+
+async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: Handoff) -> None:
+    loop = asyncio.get_running_loop()
+    running: deque[asyncio.Future[Batch | Failure]] = deque()
+    opened = asyncio.Event()
+    fetcher: Lanes | ThreadLanes | _Whole | None = None
+    opener: asyncio.Task[None] | None = None
+    try:
+        fetcher = _fetcher(context)  # made here, so that the lanes inherit the context
+        opener = loop.create_task(_open(context, batches, handoff, fetcher, running, opened))
+        while running or not opener.done():
+            if not running:
+                opened.clear()
+                await opened.wait()
+                continue
+            outcome = await running[0]
             running.popleft()
             handoff.put(outcome)
         handoff.put(END)
@@ -131,9 +179,12 @@ async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: H
         handoff.put(Failure(error))
         handoff.put(END)
     finally:
-        for task in running:
+        waits: list[asyncio.Future[Any]] = [*running]
+        if opener is not None:
+            waits.append(opener)
+        for task in waits:
             task.cancel()
-        if running:
-            await asyncio.wait(running)
-        for lanes in slots:
-            await lanes.aclose()
+        if waits:
+            await asyncio.wait(waits)
+        if fetcher is not None and not isinstance(fetcher, _Whole):
+            await fetcher.aclose()

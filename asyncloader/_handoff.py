@@ -1,8 +1,9 @@
 """The in-order hand-off between the epoch driver and the consumer.
 
-The driver takes one of ``prefetch_depth`` permits before it hands a finished batch over, and
-the consumer returns the permit when it takes the batch, so at most ``prefetch_depth`` finished
-batches ever wait. Close semantics: the driver ends every epoch with :data:`END`; a batch's
+The driver takes one of ``window`` permits before it starts a batch, and the consumer returns
+the permit when it takes the batch, so no batch starts more than ``window`` batches past the
+one the consumer takes next (``num_workers + prefetch_depth``: the loader's memory bound).
+Close semantics: the driver ends every epoch with :data:`END`; a batch's
 failure travels as a :class:`Failure` value and is raised by the consumer at that batch's turn.
 """
 
@@ -43,13 +44,13 @@ def _timed_out(timeout: float) -> TimeoutError:
 class AsyncHandoff:
     """A hand-off to a consumer on the driver's own event loop (``async for``)."""
 
-    def __init__(self, prefetch_depth: int) -> None:
-        self._permits = asyncio.Semaphore(prefetch_depth)
+    def __init__(self, window: int) -> None:
+        self._permits = asyncio.Semaphore(window)
         self._ready: deque[object] = deque()
         self._arrived = asyncio.Event()
 
     async def acquire(self) -> None:
-        """Wait for a prefetch permit (the driver, before :meth:`put`)."""
+        """Wait for room in the window (the driver, before it starts a batch)."""
         await self._permits.acquire()
 
     def put(self, value: object) -> None:
@@ -78,13 +79,13 @@ class AsyncHandoff:
 class ThreadHandoff:
     """A hand-off from the loader's loop thread to a consumer on another thread (``for``)."""
 
-    def __init__(self, prefetch_depth: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, window: int, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._permits = asyncio.Semaphore(prefetch_depth)
+        self._permits = asyncio.Semaphore(window)
         self._ready: SimpleQueue[object] = SimpleQueue()
 
     async def acquire(self) -> None:
-        """Wait for a prefetch permit (the driver, before :meth:`put`)."""
+        """Wait for room in the window (the driver, before it starts a batch)."""
         await self._permits.acquire()
 
     def put(self, value: object) -> None:

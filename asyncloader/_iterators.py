@@ -147,7 +147,7 @@ class ThreadedIterator:
         runtime: Runtime,
         context: EpochContext,
         batches: Sequence[list[int]],
-        prefetch_depth: int,
+        window: int,
         timeout: float | None,
         with_indices: bool,
         progress: Progress,
@@ -159,7 +159,7 @@ class ThreadedIterator:
         self._with_indices = with_indices
         self._remaining = len(batches)
         loop_thread = self._loop_thread = runtime.loop_thread
-        self._handoff = ThreadHandoff(prefetch_depth, loop_thread.loop)
+        self._handoff = ThreadHandoff(window, loop_thread.loop)
         self._pid = os.getpid()
         self._finished = threading.Event()
         self._future = loop_thread.submit(
@@ -234,7 +234,7 @@ class AsyncEpochIterator:
         self,
         context: EpochContext,
         batches: Sequence[list[int]],
-        prefetch_depth: int,
+        window: int,
         timeout: float | None,
         with_indices: bool,
         progress: Progress,
@@ -246,7 +246,7 @@ class AsyncEpochIterator:
         self._remaining = len(batches)
         self._timeout = timeout
         self._with_indices = with_indices
-        self._handoff = AsyncHandoff(prefetch_depth)
+        self._handoff = AsyncHandoff(window)
         self._task: asyncio.Task[None] | None = None
         self._pid = os.getpid()
         self._open = True

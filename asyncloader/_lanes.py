@@ -1,16 +1,18 @@
-"""A batch's lanes: ``item_concurrency`` items fetched at once, each transformed as it arrives.
+"""The epoch's lanes: one budget of requests in flight, across batch boundaries.
 
-A lane takes the batch's next position, fetches the item, hands it to the CPU pool for its
-transform without waiting for it, and takes the next. So the requests in flight stay at
-``item_concurrency`` while items are transformed, and a transformed item makes no hop back to
-the event loop: the last lane or transform of the batch to end wakes the batch task, once.
+An epoch has ``max(num_workers, 1) * item_concurrency`` lanes. Each takes the next item in
+epoch order from the batches the driver has opened (at most ``num_workers + prefetch_depth``
+ahead of the consumer), fetches it, hands it to the CPU pool for its transform without waiting
+for it, and takes the next: a lane that finds its batch's items all started goes on to the next
+batch's, so the requests in flight do not sag while a batch waits for its slowest item. A
+transformed item makes no hop back to the event loop: the last item of a batch to end wakes
+the batch task, once.
 
-An async dataset's lanes are tasks on the event loop, alive for the epoch, one set per batch
-slot (:class:`Lanes`). A sync dataset's are jobs on its I/O threads (:func:`fetch_on_threads`),
-one per lane of a batch, each taking item after item with no hop back to the loop (a job per
-item took four thread hops with a transform, and kept the loop thread busy); and an async lane
-does not wait for an item's transform before its next request. What each of these measured is
-in docs/performance.md ("Measurements behind the code").
+An async dataset's lanes are tasks on the event loop, alive for the epoch (:class:`Lanes`); an
+idle one waits until a batch is opened. A sync dataset's are jobs on its I/O threads
+(:class:`ThreadLanes`): one is started for each idle lane when a batch is opened, and it takes
+item after item with no hop back to the loop until none is left. What each of these measured
+is in docs/performance.md ("Measurements behind the code").
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
+from collections import deque
 from typing import Any
 
 from ._epoch import EpochContext
@@ -32,32 +36,34 @@ def _wake(done: asyncio.Future[None]) -> None:
 
 
 class BatchFetch:
-    """One batch's items as its lanes fetch them and the CPU pool transforms them; safe from
-    any thread.
+    """One batch's items as the lanes fetch them and the CPU pool transforms them; safe from
+    any thread (its counts are kept under the lanes' lock).
 
-    After a failure the lanes take no more items; under ``errors="skip"`` a failing item is
-    dropped and its lane goes on. Once the batch is cancelled, the lanes take no more items
-    and its transforms not yet begun are skipped.
+    After a failure no more of its items are taken; under ``errors="skip"`` a failing item is
+    dropped and the others go on. Once the batch is cancelled, none of its items is taken and
+    its transforms not yet begun are skipped.
     """
 
     def __init__(
-        self, context: EpochContext, indices: list[int], lanes: int, position: int = 0
+        self, context: EpochContext, indices: list[int], position: int, lock: threading.Lock
     ) -> None:
         self.context = context
         self.indices = indices
-        self.lanes = min(lanes, len(indices))
+        self.size = len(indices)
         self.position = position
         """The batch's place in the epoch: its pool jobs' priority."""
-        self._items: list[Any] = [SKIPPED] * len(indices)
-        self._errors: list[tuple[int, BaseException]] = []
-        self._stopped = False
-        self._positions = iter(range(len(indices)))
-        self._lock = threading.Lock()
-        self._open = self.lanes
-        """Lanes at work and transforms not yet ended: the batch is done at zero."""
+        self.items: list[Any] = [SKIPPED] * len(indices)
+        self.errors: list[tuple[int, BaseException]] = []
+        self.stopped = False
+        self.taken = 0
+        """Positions handed to lanes (the next one to take)."""
+        self.pending = 0
+        """Items taken whose fetch or transform has not ended."""
+        self._lock = lock
+        """The lanes' lock: one for the lanes' queue and all its batches."""
         self._loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = self._loop.create_future()
-        if not self.lanes:
+        if not indices:
             self._done.set_result(None)
 
     async def wait(self) -> list[Any]:
@@ -65,171 +71,234 @@ class BatchFetch:
         try:
             await self._done
         finally:
-            self._stopped = True  # cancelled: no more items, no more transforms
-        if self._errors:
-            raise min(self._errors, key=lambda pair: pair[0])[1]
-        return self._items
+            self.stopped = True  # cancelled: no more items, no more transforms
+        if self.errors:
+            raise min(self.errors, key=lambda pair: pair[0])[1]
+        return self.items
 
-    def next_position(self) -> int | None:
-        """The next position for a lane to fetch; ``None`` when none is left, after a
-        failure, or once the batch is cancelled."""
-        if self._errors or self._stopped:
-            return None
-        with self._lock:
-            return next(self._positions, None)
-
-    def started(self) -> float:
-        """A lane begins fetching an item; returns the start time."""
-        return self.context.recorder.fetch_started(1)
-
-    def fetched(self, position: int, started: float, item: Any) -> None:
-        """The item at ``position`` arrived: count it and hand it on (:meth:`arrived`)."""
-        self.context.recorder.item_done(started, item)
-        self.arrived(position, item)
-
-    def fetch_failed(self, position: int, started: float, error: BaseException) -> bool:
-        """The fetch of the item at ``position`` failed: count it; then :meth:`failed`."""
-        self.context.recorder.fetch_done(started, None, 1)
-        return not isinstance(error, asyncio.CancelledError) and self.failed(position, error)
-
-    def arrived(self, position: int, item: Any) -> None:
-        """The item at ``position`` was fetched: hand it to the CPU pool for its transform."""
+    def stores(self, position: int, item: Any) -> bool:
+        """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
+        it with :meth:`end_locked` as it takes its next item), or hand it to the CPU pool for
+        its transform, which ends it."""
         if self.context.transform is None:
-            self._items[position] = item
-            return
-        with self._lock:
-            self._open += 1
+            self.items[position] = item
+            return True
         try:
             self.context.cpu.submit(self._transform, position, item)
         except BaseException as error:  # the pool was shut down
-            self._errors.append((position, error))
-            self._end()
+            self.errors.append((position, error))
+            self.end()
+        return False
 
-    def failed(self, position: int, error: BaseException) -> bool:
-        """The item at ``position`` failed: drop it under ``errors="skip"`` (``True``: its
-        lane goes on), or keep the failure for the batch (``False``: the lanes stop)."""
+    def fetch_failed(self, position: int, seconds: float, error: BaseException) -> None:
+        """The fetch of the item at ``position`` failed after ``seconds``: count it; drop the
+        item under ``errors="skip"``, or keep the failure for the batch."""
+        self.context.recorder.lane_item(seconds, None, fetched=False)
+        if not isinstance(error, asyncio.CancelledError):
+            self._failed(position, error)
+        self.end()
+
+    def _failed(self, position: int, error: BaseException) -> None:
         skipper = self.context.skipper
         if skipper is not None and isinstance(error, Exception):
             try:
                 skipper.skip(self.indices[position], error)
-                return True
+                return
             except Exception as over_budget:
                 error = over_budget
-        self._errors.append((position, error))
-        return False
-
-    def lane_ended(self) -> None:
-        """A lane took its last item."""
-        self._end()
+        self.errors.append((position, error))
 
     def _transform(self, position: int, item: Any) -> None:
         """Transform one item (a CPU thread)."""
         try:
-            if not (self._errors or self._stopped):
+            if not (self.errors or self.stopped):
                 try:
                     index = self.indices[position]
-                    self._items[position] = self.context.timed_transform(index, item)
+                    self.items[position] = self.context.timed_transform(index, item)
                 except BaseException as error:
-                    self.failed(position, error)
+                    self._failed(position, error)
         finally:
-            self._end()
+            self.end()
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """An item's fetch or transform ended."""
         with self._lock:
-            self._open -= 1
-            if self._open:
-                return
+            self.end_locked()
+
+    def end_locked(self) -> None:
+        """:meth:`end`, with the lanes' lock held; the last item wakes the batch task."""
+        self.pending -= 1
+        if self.pending or not (self.errors or self.taken == self.size):
+            return
         # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_wake, self._done)
 
 
-async def run_lane(fetch: BatchFetch) -> None:
-    """An async lane: fetch the batch's next positions until none is left (the event loop)."""
-    get = fetch.context.source.get
-    try:
-        while (position := fetch.next_position()) is not None:
-            started = fetch.started()
-            try:
-                item = await get(fetch.indices[position])
-            except BaseException as error:
-                if fetch.fetch_failed(position, started, error):
-                    continue
-                if isinstance(error, asyncio.CancelledError):
-                    raise
-                return
-            fetch.fetched(position, started, item)
-    finally:
-        fetch.lane_ended()
+class _Opened:
+    """The batches opened and not yet all taken, in epoch order, under one lock (theirs too);
+    safe from any thread."""
 
+    def __init__(self, context: EpochContext) -> None:
+        self.context = context
+        self.batches: deque[BatchFetch] = deque()
+        self.lock = threading.Lock()
 
-def thread_lane(fetch: BatchFetch) -> None:
-    """A sync lane: fetch the batch's next positions until none is left (an I/O thread)."""
-    dataset = fetch.context.source.dataset
-    try:
-        while (position := fetch.next_position()) is not None:
-            started = fetch.started()
-            try:
-                item = fetch_item(dataset, fetch.indices[position])
-            except BaseException as error:
-                if fetch.fetch_failed(position, started, error):
-                    continue
-                return
-            fetch.fetched(position, started, item)
-    finally:
-        fetch.lane_ended()
+    def open(self, indices: list[int], position: int) -> BatchFetch:
+        """Open a batch after the others (call with :attr:`lock` held)."""
+        fetch = BatchFetch(self.context, indices, position, self.lock)
+        self.batches.append(fetch)
+        return fetch
 
-
-async def fetch_on_threads(context: EpochContext, indices: list[int]) -> list[Any]:
-    """A sync dataset's batch, fetched by up to ``item_concurrency`` lanes on I/O threads."""
-    assert context.source.io is not None
-    fetch = BatchFetch(context, indices, context.item_concurrency)
-    for _ in range(fetch.lanes):
-        context.source.io.submit(thread_lane, fetch)
-    return await fetch.wait()
-
-
-async def fetch_one_lane(context: EpochContext, indices: list[int]) -> list[Any]:
-    """A batch's items fetched one after the other by the calling task."""
-    fetch = BatchFetch(context, indices, 1)
-    await run_lane(fetch)
-    return await fetch.wait()
+    def take(self) -> tuple[BatchFetch, int] | None:
+        """The next item in epoch order (call with :attr:`lock` held): ``None`` when every
+        open batch's items are taken, or the batch failed or was cancelled."""
+        batches = self.batches
+        while batches:
+            fetch = batches[0]
+            taken = fetch.taken
+            if taken < fetch.size and not fetch.errors and not fetch.stopped:
+                fetch.taken = taken + 1
+                fetch.pending += 1
+                return fetch, taken
+            batches.popleft()
+        return None
 
 
 class Lanes:
-    """The ``item_concurrency`` lanes of one batch slot, alive for the whole epoch.
+    """An async dataset's lanes: tasks on the event loop, alive for the whole epoch.
 
-    A batch task hands its batch to its slot's lanes instead of starting lanes of its own:
-    tasks made per batch cost their allocations, and, kept alive across a batch's requests,
-    they set off the cyclic garbage collector (about 10 us per item at 256 in flight, a
-    tenth of the loop thread's time). Batches ``i`` and ``i + batch_tasks`` never run at
-    once (the driver starts one only when the oldest is handed over), so slot ``i %
-    batch_tasks`` is always free for batch ``i``.
+    Tasks made per batch cost their allocations, and, kept alive across a batch's requests,
+    they set off the cyclic garbage collector; these are made once.
     """
 
     def __init__(self, context: EpochContext) -> None:
-        self._work = context
-        self._queue: asyncio.Queue[BatchFetch] = asyncio.Queue()
-        self._tasks = [
-            asyncio.get_running_loop().create_task(self._lane())
-            for _ in range(context.item_concurrency)
-        ]
+        self._context = context
+        self._opened = _Opened(context)
+        self._idle: deque[asyncio.Future[None]] = deque()
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        lanes = context.batch_tasks * context.item_concurrency
+        self._tasks = [loop.create_task(self._lane()) for _ in range(lanes)]
 
     async def fetch(self, indices: list[int], position: int) -> list[Any]:
-        """The batch's items, fetched by up to ``item_concurrency`` of the slot's lanes."""
-        fetch = BatchFetch(self._work, indices, len(self._tasks), position)
-        for _ in range(fetch.lanes):
-            self._queue.put_nowait(fetch)
+        """The batch's items, taken by the lanes after every batch opened before it."""
+        with self._opened.lock:
+            fetch = self._opened.open(indices, position)
+        for _ in range(min(len(indices), len(self._idle))):
+            _wake(self._idle.popleft())
         return await fetch.wait()
 
     async def _lane(self) -> None:
-        while True:
-            fetch = await self._queue.get()
-            priority.set(fetch.position)  # this lane's jobs belong to this batch now
-            await run_lane(fetch)
+        context = self._context
+        get, recorder, clock = context.source.get, context.recorder, time.perf_counter
+        opened = self._opened
+        lock = opened.lock
+        prioritized = context.transform is not None  # priority only orders transforms
+        batch: BatchFetch | None = None
+        stored: BatchFetch | None = None  # its item is ended as this lane takes the next
+        busy = False  # counted in flight: from a lane's first item to its going idle
+        try:
+            while True:
+                with lock:
+                    if stored is not None:
+                        stored.end_locked()
+                        stored = None
+                    work = opened.take()
+                if work is None:
+                    if busy:
+                        busy = False
+                        recorder.lanes_busy(-1)
+                    idle = self._loop.create_future()
+                    self._idle.append(idle)
+                    await idle
+                    continue
+                if not busy:
+                    busy = True
+                    recorder.lanes_busy(1)
+                fetch, position = work
+                if prioritized and fetch is not batch:  # this lane's jobs are this batch's
+                    batch = fetch
+                    priority.set(fetch.position)
+                started = clock()
+                try:
+                    item = await get(fetch.indices[position])
+                except BaseException as error:
+                    fetch.fetch_failed(position, clock() - started, error)
+                    if isinstance(error, asyncio.CancelledError):
+                        raise
+                    continue
+                recorder.lane_item(clock() - started, item)
+                if fetch.stores(position, item):
+                    stored = fetch
+        finally:
+            if stored is not None:
+                stored.end()
+            if busy:
+                recorder.lanes_busy(-1)
 
     async def aclose(self) -> None:
         """Cancel the lanes (and the requests they have in flight); wait for them."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class ThreadLanes:
+    """A sync dataset's lanes: jobs on its I/O threads (a thread blocks on each item)."""
+
+    def __init__(self, context: EpochContext) -> None:
+        assert context.source.io is not None
+        self._context = context
+        self._io = context.source.io
+        self._opened = _Opened(context)
+        self._lanes = context.batch_tasks * context.item_concurrency
+        self._running = 0
+
+    async def fetch(self, indices: list[int], position: int) -> list[Any]:
+        """The batch's items, taken by the lanes after every batch opened before it."""
+        with self._opened.lock:
+            fetch = self._opened.open(indices, position)
+            start = min(len(indices), self._lanes - self._running)
+            self._running += start
+        for _ in range(start):
+            self._io.submit(self._lane)
+        return await fetch.wait()
+
+    def _lane(self) -> None:
+        context = self._context
+        dataset, recorder, clock = context.source.dataset, context.recorder, time.perf_counter
+        opened = self._opened
+        batch: BatchFetch | None = None
+        stored: BatchFetch | None = None  # its item is ended as this job takes the next
+        recorder.lanes_busy(1)
+        try:
+            while True:
+                with opened.lock:
+                    if stored is not None:
+                        stored.end_locked()
+                        stored = None
+                    work = opened.take()
+                    if work is None:
+                        self._running -= 1
+                        return
+                fetch, position = work
+                if fetch is not batch:  # this job's own context: its transforms' priority
+                    batch = fetch
+                    priority.set(fetch.position)
+                started = clock()
+                try:
+                    item = fetch_item(dataset, fetch.indices[position])
+                except BaseException as error:
+                    fetch.fetch_failed(position, clock() - started, error)
+                    continue
+                recorder.lane_item(clock() - started, item)
+                if fetch.stores(position, item):
+                    stored = fetch
+        finally:
+            if stored is not None:  # only if a BaseException escaped the job
+                stored.end()
+            recorder.lanes_busy(-1)
+
+    async def aclose(self) -> None:
+        """Nothing to cancel: a job ends once its item is fetched and no batch is open."""

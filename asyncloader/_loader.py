@@ -62,11 +62,12 @@ class DataLoader:
         drop_last: Drop the last batch of an epoch when it is short.
         transform: ``f(index, item) -> item``, run on the CPU pool.
         collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
-        num_workers: Batches processed at once; 0 processes them inline when possible.
-        item_concurrency: Items of one batch fetched at once; requests in flight are
-            ``max(num_workers, 1) * item_concurrency`` (``docs/settings.md``). At 1 a batch is
-            fetched in one call when the dataset allows it.
-        prefetch_depth: Finished batches that may wait for the consumer, at least 1.
+        num_workers: Batches in work at once; 0 processes them inline when possible.
+        item_concurrency: Requests in flight are ``max(num_workers, 1) * item_concurrency``
+            for the whole epoch, taken in epoch order across batches (``docs/settings.md``).
+            At 1 a batch is fetched in one call when the dataset allows it.
+        prefetch_depth: At least 1: no batch starts more than ``max(num_workers, 1) +
+            prefetch_depth`` batches ahead of the one you take next (the memory bound).
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
             in torch) waits forever. Honoured on every path: with a time-out, an epoch that
@@ -169,7 +170,7 @@ class DataLoader:
     drop_last = ReadOnly[bool]("_settings", "Whether a short last batch is dropped.")
     num_workers = ReadOnly[int]("_settings", "Batches processed at once.")
     item_concurrency = ReadOnly[int]("_settings", "Items of one batch fetched at once.")
-    prefetch_depth = ReadOnly[int]("_settings", "Finished batches that may wait for the consumer.")
+    prefetch_depth = ReadOnly[int]("_settings", "Batches beyond num_workers that may start ahead.")
     seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.")
     rank = ReadOnly[int]("_order", "This process's rank.")
     world_size = ReadOnly[int]("_order", "The number of ranks sharing each epoch.")
@@ -317,7 +318,7 @@ class DataLoader:
             runtime,
             context,
             batches,
-            settings.prefetch_depth,
+            settings.window,
             settings.timeout,
             with_indices,
             progress,
@@ -328,7 +329,7 @@ class DataLoader:
         return AsyncEpochIterator(
             self._context(self._runtime_here(), progress.epoch),
             batches,
-            self._settings.prefetch_depth,
+            self._settings.window,
             self._settings.timeout,
             with_indices,
             progress,

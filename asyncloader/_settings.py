@@ -101,8 +101,15 @@ class Settings:
 
     @property
     def batch_tasks(self) -> int:
-        """Batches processed at once by the async driver (``num_workers``, at least one)."""
+        """``num_workers``, at least one: batches fetched whole at once, and the multiplier of
+        ``item_concurrency`` in :attr:`requests_in_flight`."""
         return max(self.num_workers, 1)
+
+    @property
+    def window(self) -> int:
+        """Batches started and not yet taken by the consumer, at most: ``batch_tasks +
+        prefetch_depth``."""
+        return self.batch_tasks + self.prefetch_depth
 
     @property
     def requests_in_flight(self) -> int:

@@ -240,6 +240,26 @@ class Recorder:
         one item, without building a list (it runs once per item on the loop thread)."""
         self._call_ended(started, 1, 1, len(item) if _is_bytes_like(item) else 0)
 
+    def lanes_busy(self, lanes: int) -> None:
+        """``lanes`` lanes began fetching, one item at a time (negative: went idle). A lane
+        that goes from one item to the next counts once, so this runs on a lane's way in and
+        out of work, not per item."""
+        with self._lock:
+            self.in_flight += lanes
+            self.items_in_flight += lanes
+            if self.in_flight > self.peak_in_flight:
+                self.peak_in_flight = self.in_flight
+            if self.items_in_flight > self.peak_items_in_flight:
+                self.peak_items_in_flight = self.items_in_flight
+
+    def lane_item(self, seconds: float, item: Any, fetched: bool = True) -> None:
+        """A lane's item arrived after ``seconds`` (``fetched=False``: its fetch failed)."""
+        size = len(item) if fetched and _is_bytes_like(item) else 0
+        with self._lock:
+            self.fetch.add(seconds)
+            self.items += fetched
+            self.bytes += size
+
     def _call_ended(self, started: float, requested: int, fetched: int, size: int) -> None:
         elapsed = time.perf_counter() - started
         with self._lock:

@@ -281,40 +281,6 @@ def test_a_lane_fetches_its_next_item_while_the_last_is_transformed(kind: str) -
         assert [batch.tolist() for batch in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
 
 
-@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(1, 3), (3, 2), (4, 4)])
-def test_no_batch_has_more_than_item_concurrency_items_in_flight(
-    num_workers: int, item_concurrency: int
-) -> None:
-    # The lanes live for the epoch, one set per batch slot: each batch still gets its own
-    # item_concurrency, no more (and reaches it), through every batch of the epoch.
-    batch_size = 6
-    in_flight: dict[int, int] = {}
-    peaks: dict[int, int] = {}
-
-    class PerBatch:
-        def __len__(self) -> int:
-            return 120
-
-        async def __getitem__(self, index: int) -> int:
-            batch = index // batch_size
-            in_flight[batch] = in_flight.get(batch, 0) + 1
-            peaks[batch] = max(peaks.get(batch, 0), in_flight[batch])
-            for _ in range(3):  # let the other lanes start their items
-                await asyncio.sleep(0)
-            in_flight[batch] -= 1
-            return index
-
-    with DataLoader(
-        PerBatch(),
-        batch_size=batch_size,
-        num_workers=num_workers,
-        item_concurrency=item_concurrency,
-    ) as loader:
-        assert [int(i) for batch in loader for i in batch] == list(range(120))
-    assert set(peaks.values()) == {item_concurrency}
-    assert len(peaks) == 120 // batch_size
-
-
 @given(
     length=st.integers(0, 300),
     batch_size=st.integers(1, 70),

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from asyncloader import Template
-from asyncloader.datasets._locations import Locations
+from asyncloader.datasets._locations import Locations, _url_escape
 
 PIECES = [*"/\\\x00.?#%:@ab&=;+ ", "%2e", "%2E", "..", "\u2215", "\u00e9"]
 hostile = st.one_of(st.text(max_size=8), st.lists(st.sampled_from(PIECES), max_size=8).map("".join))
@@ -111,3 +111,9 @@ def test_locations_kinds_and_lengths() -> None:
         Locations("abc", "key")
     with pytest.raises(ValueError, match="length=3"):
         Locations(["a"], "key", length=3)
+
+
+@given(st.text())
+def test_a_url_value_is_escaped_exactly_as_quote_does(value: str) -> None:
+    # The fast path for ASCII letters and digits keeps what quote() would keep.
+    assert _url_escape(value) == quote(value, safe="")

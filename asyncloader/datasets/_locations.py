@@ -149,6 +149,8 @@ def check_component_value(field: str, value: str) -> None:
 
 
 def _url_escape(value: str) -> str:
+    if value.isascii() and value.isalnum():  # what quote() keeps as it is: most values
+        return value
     return quote(value, safe="")
 
 

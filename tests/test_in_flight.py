@@ -1,0 +1,154 @@
+"""One budget of requests in flight for the whole epoch, across batch boundaries.
+
+A lane that finds its batch's items all started takes the next item in epoch order, within
+the window of ``num_workers + prefetch_depth`` batches ahead of the consumer: a batch whose
+slowest item is still out never leaves the other lanes idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from asyncloader import DataLoader
+
+from .datasets import Probe
+
+PREFETCH = 2
+# (num_workers, item_concurrency) with more lanes than batches in the window, so that lanes
+# are left over once the first item of every batch in the window holds one.
+SETTINGS = [(1, 4), (1, 8), (2, 4), (4, 2)]
+
+
+class _Held:
+    """The first item of every batch waits for :meth:`release`; the others return at once."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n, self.batch_size = n, batch_size
+        self.probe = Probe()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def held(self, index: int) -> bool:
+        return index % self.batch_size == 0
+
+
+class HeldSync(_Held):
+    def __init__(self, n: int, batch_size: int) -> None:
+        super().__init__(n, batch_size)
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __getitem__(self, index: int) -> int:
+        self.probe.enter(index)
+        try:
+            if self.held(index):
+                assert self._released.wait(10)
+            return index
+        finally:
+            self.probe.leave()
+
+
+class HeldAsync(_Held):
+    def __init__(self, n: int, batch_size: int) -> None:
+        super().__init__(n, batch_size)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._released: asyncio.Event | None = None
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._loop is not None and self._released is not None:
+                self._loop.call_soon_threadsafe(self._released.set)
+
+    async def __getitem__(self, index: int) -> int:
+        with self._lock:
+            if self._released is None:
+                self._loop, self._released = asyncio.get_running_loop(), asyncio.Event()
+            released = self._released
+        self.probe.enter(index)
+        try:
+            if self.held(index):
+                await asyncio.wait_for(released.wait(), 10)
+            return index
+        finally:
+            self.probe.leave()
+
+
+def _held(kind: str, n: int, batch_size: int) -> HeldSync | HeldAsync:
+    return HeldSync(n, batch_size) if kind == "sync" else HeldAsync(n, batch_size)
+
+
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), SETTINGS)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_lanes_go_on_to_the_next_batches_while_an_item_is_out(
+    kind: str, num_workers: int, item_concurrency: int
+) -> None:
+    batch_size, n = 4, 40
+    window = max(num_workers, 1) + PREFETCH
+    data = _held(kind, n, batch_size)
+    probe = data.probe
+    within = set(range(window * batch_size))
+    with DataLoader(
+        data,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+        prefetch_depth=PREFETCH,
+    ) as loader:
+        iterator = iter(loader)
+        # Every item of the window starts while the first item of each batch is still out,
+        # and nothing past the window does.
+        probe.wait_for(lambda: set(probe.started) == within)
+        assert probe.in_flight == window  # the held items
+        data.release()
+        batches = [batch.tolist() for batch in iterator]
+    assert batches == [list(range(i, i + batch_size)) for i in range(0, n, batch_size)]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(1, 3), (3, 2), (4, 4)])
+async def test_items_start_in_epoch_order_with_the_whole_budget(
+    num_workers: int, item_concurrency: int
+) -> None:
+    # Lanes on one event loop take items strictly in epoch order, each batch with the whole
+    # budget: the epoch has max(num_workers, 1) * item_concurrency in flight, no more, and
+    # reaches it in its first batch.
+    batch_size, n = 6, 120
+    budget = max(num_workers, 1) * item_concurrency
+    started: list[int] = []
+    first_batch_peak = 0
+    in_flight = 0
+
+    class Ticking:
+        def __len__(self) -> int:
+            return n
+
+        async def __getitem__(self, index: int) -> int:
+            nonlocal in_flight, first_batch_peak
+            started.append(index)
+            in_flight += 1
+            assert in_flight <= budget
+            if index < batch_size:
+                first_batch_peak = max(first_batch_peak, in_flight)
+            for _ in range(3):  # let the other lanes start their items
+                await asyncio.sleep(0)
+            in_flight -= 1
+            return index
+
+    loader = DataLoader(
+        Ticking(),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        item_concurrency=item_concurrency,
+    )
+    async with loader:
+        out = [int(i) async for batch in loader for i in batch]
+    assert out == list(range(n))
+    assert started == list(range(n))
+    assert first_batch_peak == min(budget, batch_size)
