@@ -28,8 +28,8 @@ def run_demo(items: int, batch_size: int, in_flight: int, latency_s: float) -> d
     """Stream one epoch of ``items`` samples; print and return what was measured."""
     from tqdm import tqdm
 
-    # Batches of 4 lanes, as many as make up the requests in flight: the settings guide's
-    # choice for throughput (docs/settings.md).
+    # The requests in flight as num_workers x 4: any split reads as fast (one budget for the
+    # epoch, docs/settings.md), and num_workers batches in work keep the window wide enough.
     item_concurrency = max(1, min(4, in_flight))
     num_workers = max(1, in_flight // item_concurrency)
     with serve_samples(latency_s) as url:

@@ -161,17 +161,15 @@ def http(system: str, spec: Spec) -> dict[str, Any]:
     young = young_collections()
     clock = Clock()
     if system == "asyncloader":
-        # As the settings guide says: 4 lanes per batch for throughput, 16 for a first batch
-        # in 4 round trips; num_workers makes up the requests in flight.
-        lanes = spec["item_concurrency"]
+        # num_workers x item_concurrency = the requests in flight, split as the spec says.
         data = HttpDataset(Template(url + "/samples/{index}"), length=items)
         clock = Clock()  # from building the loader, the dataset made
         with DataLoader(
             data,
             batch_size=64,
             collate_fn=list,
-            num_workers=max(1, in_flight // lanes),
-            item_concurrency=min(lanes, in_flight),
+            num_workers=spec["num_workers"],
+            item_concurrency=spec["item_concurrency"],
         ) as loader:
             clock.drain(loader)
     elif system == "bare aiohttp":

@@ -236,9 +236,19 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         for in_flight in IN_FLIGHT:
             items = int(in_flight / LATENCY_S * 3)  # 3 s at the limit
             base = {"workload": "http", "url": url, "items": items, "in_flight": in_flight}
-            runs.append({**base, "system": "asyncloader", "item_concurrency": 4})
-            if in_flight in (64, 256):  # the first batch's setting: 64 items in 4 round trips
-                runs.append({**base, "system": "asyncloader", "item_concurrency": 16})
+            # (in-flight / 4, 4) at every point; at 64 and 256 also the other ways to split the
+            # same requests in flight between num_workers and item_concurrency (issue 19).
+            splits = {64: (64, 32, 4, 16), 256: (4, 16)}.get(in_flight, (4,))
+            for lanes in splits:
+                workers = max(1, in_flight // lanes)
+                runs.append(
+                    {
+                        **base,
+                        "system": "asyncloader",
+                        "num_workers": workers,
+                        "item_concurrency": lanes,
+                    }
+                )
             runs += [{**base, "system": s} for s in ("bare aiohttp", "spdl")]
         # torch: a blocking request per worker process: 8 in flight with 8 workers; 2 workers
         # for the first batch's goal, which is stated against num_workers=2.
@@ -300,8 +310,10 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
 
 def label(spec: dict[str, Any]) -> str:
     """A run's system and setting, as tables show it."""
-    if spec["workload"] == "http" and spec.get("item_concurrency") == 16:
-        return f"asyncloader, item_concurrency=16 @{spec['in_flight']}"
+    if spec["workload"] == "http" and spec["system"] == "asyncloader":
+        if spec["item_concurrency"] == 4:  # the series of the plot
+            return f"asyncloader @{spec['in_flight']}"
+        return f"asyncloader {spec['num_workers']}x{spec['item_concurrency']} @{spec['in_flight']}"
     if spec["workload"] == "http" and spec["system"] != "torch":
         return f"{spec['system']} @{spec['in_flight']}"
     if spec["workload"] == "images" and not spec["system"].startswith("plain loop"):
