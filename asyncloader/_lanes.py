@@ -62,6 +62,7 @@ class BatchFetch:
         self._lock = lock
         """The lanes' lock: one for the lanes' queue and all its batches."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._done: asyncio.Future[None] = self._loop.create_future()
         if not indices:
             self._done.set_result(None)
@@ -129,6 +130,9 @@ class BatchFetch:
         """:meth:`end`, with the lanes' lock held; the last item wakes the batch task."""
         self.pending -= 1
         if self.pending or not (self.errors or self.taken == self.size):
+            return
+        if threading.get_ident() == self._loop_thread:  # an async lane: no wake-up write
+            self._loop.call_soon(_wake, self._done)
             return
         # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
         with contextlib.suppress(RuntimeError):
