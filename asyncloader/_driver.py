@@ -8,8 +8,8 @@ ordered ``buffered`` map, so no reorder buffer is needed).
 
 A batch task fetches its items, then collates on the CPU pool. With ``item_concurrency == 1`` a
 batch is fetched whole when it can be (one ``__getitems__`` call, or one I/O-pool call for a
-sync dataset), at most ``max(num_workers, 1)`` batches at once, and transformed in one CPU job
-per thread when its transforms are worth a hop (:func:`._epoch.transform_in_parts`).
+sync dataset), at most ``max(num_workers, 1)`` batches in work at once, and transformed in one
+CPU job per thread when its transforms are worth a hop (:func:`._epoch.transform_in_parts`).
 Otherwise the epoch's lanes fetch its items, after those of the batches opened before it, and
 hand each item to the CPU pool for its transform as soon as it arrives (:mod:`._lanes`).
 Failures become :class:`Failure` values; cancellation cancels every task and waits for them, so
@@ -41,26 +41,27 @@ class Handoff(Protocol):
 
 
 class _Whole:
-    """Batches fetched whole: ``max(num_workers, 1)`` fetches at once."""
+    """Batches fetched whole, ``max(num_workers, 1)`` in work at once: a batch keeps its slot
+    through its CPU work too, so the first batch's collation does not share the cores with
+    the next batches' fetches (docs/performance.md, "Issue 19")."""
 
     def __init__(self, context: EpochContext) -> None:
         self.context = context
-        self.fetches = asyncio.Semaphore(context.batch_tasks)
+        self.slots = asyncio.Semaphore(context.batch_tasks)
 
     async def fetch(self, indices: list[int]) -> list[Any]:
         recorder = self.context.recorder
-        async with self.fetches:
-            started = recorder.fetch_started(len(indices))
-            try:
-                items = await self.context.source.get_batch(indices)
-            except BaseException:
-                recorder.fetch_done(started, None, len(indices))
-                if self.context.skipper is None:
-                    raise
-            else:
-                recorder.fetch_done(started, items, len(indices))
-                return items
-            return await self._each(indices)
+        started = recorder.fetch_started(len(indices))
+        try:
+            items = await self.context.source.get_batch(indices)
+        except BaseException:
+            recorder.fetch_done(started, None, len(indices))
+            if self.context.skipper is None:
+                raise
+        else:
+            recorder.fetch_done(started, items, len(indices))
+            return items
+        return await self._each(indices)
 
     async def _each(self, indices: list[int]) -> list[Any]:
         """Find the failing items one by one, and drop just those (``errors="skip"``)."""
@@ -100,13 +101,14 @@ async def process_batch(
             items = await fetcher.fetch(indices, position)
             batch = await context.on_cpu(context.collate_only, indices, items)
             return batch
-        items = await fetcher.fetch(indices)
-        parts = context.parts(len(indices))
-        if parts == 1:  # one job: transform and collate
-            batch = await context.on_cpu(context.finish, indices, items)
+        async with fetcher.slots:
+            items = await fetcher.fetch(indices)
+            parts = context.parts(len(indices))
+            if parts == 1:  # one job: transform and collate
+                batch = await context.on_cpu(context.finish, indices, items)
+                return batch
+            batch = await transform_in_parts(context, indices, items, parts)
             return batch
-        batch = await transform_in_parts(context, indices, items, parts)
-        return batch
     except asyncio.CancelledError:
         raise
     except BaseException as error:

@@ -169,7 +169,7 @@ class DataLoader:
     batch_sampler = ReadOnly[object]("_order", "The batch sampler, if one was given.")
     drop_last = ReadOnly[bool]("_settings", "Whether a short last batch is dropped.")
     num_workers = ReadOnly[int]("_settings", "Batches processed at once.")
-    item_concurrency = ReadOnly[int]("_settings", "Items of one batch fetched at once.")
+    item_concurrency = ReadOnly[int]("_settings", "Requests in flight per num_workers.")
     prefetch_depth = ReadOnly[int]("_settings", "Batches beyond num_workers that may start ahead.")
     seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.")
     rank = ReadOnly[int]("_order", "This process's rank.")

@@ -101,8 +101,8 @@ class Settings:
 
     @property
     def batch_tasks(self) -> int:
-        """``num_workers``, at least one: batches fetched whole at once, and the multiplier of
-        ``item_concurrency`` in :attr:`requests_in_flight`."""
+        """``num_workers``, at least one: batches fetched whole in work at once, and the
+        multiplier of ``item_concurrency`` in :attr:`requests_in_flight`."""
         return max(self.num_workers, 1)
 
     @property
