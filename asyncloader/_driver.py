@@ -63,6 +63,9 @@ class _Whole:
             return items
         return await self._each(indices)
 
+    async def aclose(self) -> None:
+        """Nothing to close: a batch's fetch is its task's own."""
+
     async def _each(self, indices: list[int]) -> list[Any]:
         """Find the failing items one by one, and drop just those (``errors="skip"``)."""
         recorder, skipper = self.context.recorder, self.context.skipper
@@ -188,5 +191,5 @@ async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: H
             task.cancel()
         if waits:
             await asyncio.wait(waits)
-        if fetcher is not None and not isinstance(fetcher, _Whole):
+        if fetcher is not None:
             await fetcher.aclose()
