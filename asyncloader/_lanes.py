@@ -275,17 +275,26 @@ class ThreadLanes:
         opened = self._opened
         batch: BatchFetch | None = None
         stored: BatchFetch | None = None  # its item is ended as this job takes the next
-        recorder.lanes_busy(1)
+        busy = False  # counted in flight from its first item (a job may find none left)
         try:
             while True:
                 with opened.lock:
-                    if stored is not None:
-                        stored.end_locked()
-                        stored = None
                     work = opened.take()
                     if work is None:
                         self._running -= 1
-                        return
+                    elif stored is not None:
+                        stored.end_locked()
+                        stored = None
+                if work is None:
+                    # Out of work before the last item ends: once it ends, the epoch may
+                    # finish, and its statistics must have this lane idle.
+                    if busy:
+                        busy = False
+                        recorder.lanes_busy(-1)
+                    return
+                if not busy:
+                    busy = True
+                    recorder.lanes_busy(1)
                 fetch, position = work
                 if fetch is not batch:  # this job's own context: its transforms' priority
                     batch = fetch
@@ -300,9 +309,10 @@ class ThreadLanes:
                 if fetch.stores(position, item):
                     stored = fetch
         finally:
-            if stored is not None:  # only if a BaseException escaped the job
+            if busy:
+                recorder.lanes_busy(-1)
+            if stored is not None:
                 stored.end()
-            recorder.lanes_busy(-1)
 
     async def aclose(self) -> None:
         """Nothing to cancel: a job ends once its item is fetched and no batch is open."""
