@@ -4,9 +4,10 @@ The layers, from the user inwards (see README.md beside this file for the tree):
 
 - :class:`DataLoader` holds a dataset, a sampler, a transform and a collate function, and runs
   one epoch per iteration: ``for batch in loader`` or ``async for batch in loader``.
-- An epoch is one async driver that keeps ``num_workers`` batch tasks running, each fetching
-  ``item_concurrency`` items at once, transforming and collating on a CPU thread pool, and
-  hands batches over in order through ``prefetch_depth`` permits.
+- An epoch is one async driver that starts batches at most ``num_workers + prefetch_depth``
+  ahead of the consumer, fetches their items with ``num_workers * item_concurrency``
+  requests in flight across batch boundaries, transforms and collates on a CPU thread pool,
+  and hands batches over in order.
 """
 
 from ._collate import default_collate as default_collate

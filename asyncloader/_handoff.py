@@ -53,6 +53,10 @@ class AsyncHandoff:
         """Wait for room in the window (the driver, before it starts a batch)."""
         await self._permits.acquire()
 
+    def holds_batches(self) -> bool:
+        """Whether a finished batch waits for the consumer."""
+        return bool(self._ready)
+
     def put(self, value: object) -> None:
         """Hand a batch, a :class:`Failure` or :data:`END` to the consumer."""
         self._ready.append(value)
@@ -87,6 +91,10 @@ class ThreadHandoff:
     async def acquire(self) -> None:
         """Wait for room in the window (the driver, before it starts a batch)."""
         await self._permits.acquire()
+
+    def holds_batches(self) -> bool:
+        """Whether a finished batch waits for the consumer."""
+        return not self._ready.empty()
 
     def put(self, value: object) -> None:
         """Hand a batch, a :class:`Failure` or :data:`END` to the consumer."""

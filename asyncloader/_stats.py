@@ -88,7 +88,8 @@ class LoaderStats:
         fetch: Dataset calls (one per item, or one per batch when a batch is one call).
         transform: Transform calls, one per item.
         collate: Collate calls, one per batch.
-        permit_wait: The driver's waits for a prefetch permit (the consumer is slower).
+        permit_wait: The driver's waits for room in the window that began while a finished
+            batch waited for the consumer (the consumer is slower).
         consumer_wait: The consumer's waits for its next batch (the loader is slower).
         items: Items fetched.
         batches: Batches handed to the consumer (failed ones included).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -217,3 +218,38 @@ def test_a_clean_epoch_logs_nothing_at_info(caplog: pytest.LogCaptureFixture) ->
     with DataLoader(AsyncData(50), batch_size=5, num_workers=2, item_concurrency=2) as loader:
         assert len(list(loader)) == 10
     assert not [r for r in caplog.records if r.name == "asyncloader" and r.levelno >= logging.INFO]
+
+
+class _HeldBatches(SyncData):
+    """Batch ``k``'s items wait until :meth:`release` ``(k)``: nothing finishes unasked."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        super().__init__(n)
+        self.batch_size = batch_size
+        self.released = [threading.Event() for _ in range(-(-n // batch_size))]
+
+    def release(self, batch: int) -> None:
+        self.released[batch].set()
+
+    def __getitem__(self, index: int) -> int:
+        assert self.released[index // self.batch_size].wait(10)
+        return super().__getitem__(index)
+
+
+def test_permit_wait_counts_only_waits_behind_the_consumer() -> None:
+    # The window is full of batches still fetching: the loader waits on its own fetches, not
+    # on the consumer, so none of it is permit_wait (the loader waiting for you).
+    data = _HeldBatches(40, 4)
+    with DataLoader(data, batch_size=4, num_workers=1, prefetch_depth=2) as loader:
+        iterator = iter(loader)
+        for batch in range(10):
+            data.release(batch)  # only the batch taken next can finish
+            next(iterator)
+        assert loader.stats().permit_wait.count == 0
+    # The consumer is slower: finished batches wait for it, and the driver waits behind them.
+    with DataLoader(SyncData(80), batch_size=4, num_workers=1, prefetch_depth=2) as loader:
+        for _ in loader:
+            time.sleep(0.01)  # the training step
+        waited = loader.stats().permit_wait
+    assert waited.count >= 1
+    assert waited.total_s > 0
