@@ -19,6 +19,8 @@ from ._sampler import SequentialSampler as SequentialSampler
 from ._skip import SkipBudgetExceeded as SkipBudgetExceeded
 from ._stats import LoaderStats as LoaderStats
 from ._stats import StageStats as StageStats
+from ._stream import StreamInfo as StreamInfo
+from ._stream import stream_info as stream_info
 from ._transform import Compose as Compose
 from ._transform import Transform as Transform
 from .datasets import FileDataset as FileDataset
@@ -43,8 +45,10 @@ __all__ = [
     "SequentialSampler",
     "SkipBudgetExceeded",
     "StageStats",
+    "StreamInfo",
     "Template",
     "Transform",
     "default_collate",
+    "stream_info",
 ]
 __version__ = "0.1.0"

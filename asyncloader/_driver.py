@@ -12,9 +12,11 @@ sync dataset), at most ``max(num_workers, 1)`` batches in work at once, and tran
 CPU job per thread when its transforms are worth a hop (:func:`._epoch.transform_in_parts`).
 Otherwise the epoch's lanes fetch its items, after those of the batches opened before it, and
 hand each item to the CPU pool for its transform as soon as it arrives (:mod:`._lanes`).
-Failures become :class:`Failure` values; cancellation cancels every task and waits for them, so
-requests in flight are cancelled, not completed. Under ``errors="skip"`` a failing item is
-dropped from its batch instead (see :mod:`._skip`).
+A stream's batches are read the same way, each whole, in batch order from the epoch's one
+reader (:mod:`._stream`); a batch that finds the stream ended is :data:`EXHAUSTED`, and ends
+the epoch. Failures become :class:`Failure` values; cancellation cancels every task and waits
+for them, so requests in flight are cancelled, not completed. Under ``errors="skip"`` a
+failing item is dropped from its batch instead (see :mod:`._skip`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,33 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any, Final, Protocol
 
 from ._epoch import Batch, EpochContext, transform_in_parts
 from ._handoff import END, Failure
 from ._lanes import Lanes, ThreadLanes
 from ._pool import priority
 from ._skip import SKIPPED
+from ._stream import StreamReader
+
+
+class _Exhausted:
+    def __repr__(self) -> str:
+        return "EXHAUSTED"
+
+
+EXHAUSTED: Final = _Exhausted()
+"""What a stream's batch opened past the stream's end gives: the epoch ends there."""
+
+
+class EpochBatches(Protocol):
+    """An epoch's batches of indices, in order: a list of them, or a stream's (whose
+    ``len()`` raises ``TypeError`` when the stream has none)."""
+
+    def __iter__(self) -> Iterator[list[int]]: ...
+
+    def __len__(self) -> int: ...
 
 
 class Handoff(Protocol):
@@ -87,12 +108,39 @@ class _Whole:
         return items
 
 
+class _Streamed(_Whole):
+    """A stream's batches: each pulled whole from the epoch's reader, then worked on like a
+    batch fetched whole."""
+
+    def __init__(self, context: EpochContext, reader: StreamReader) -> None:
+        super().__init__(context)
+        self.reader = reader
+
+    async def fetch(self, indices: list[int]) -> list[Any]:
+        recorder = self.context.recorder
+        started = recorder.fetch_started(len(indices))
+        items: list[Any] | None = None
+        try:
+            items = await self.reader.pull(len(indices))
+            return items
+        finally:
+            recorder.fetch_done(started, items, len(indices))
+
+    async def aclose(self) -> None:
+        """Close the stream's iterator."""
+        await self.reader.aclose()
+
+
+Outcome = Batch | Failure | _Exhausted
+"""What a batch task gives."""
+
+
 async def process_batch(
     context: EpochContext,
     indices: list[int],
     position: int,
     fetcher: Lanes | ThreadLanes | _Whole,
-) -> Batch | Failure:
+) -> Outcome:
     """Fetch, transform and collate one batch; a failure is returned, never raised.
 
     ``position`` (the batch's place in the epoch) is the priority of its pool jobs: older
@@ -108,6 +156,10 @@ async def process_batch(
             return batch
         async with fetcher.slots:
             items = await fetcher.fetch(indices)
+            if len(items) < len(indices):  # a stream's end
+                if not items:
+                    return EXHAUSTED
+                indices = indices[: len(items)]
             parts = context.parts(len(indices))
             if parts == 1:  # one job: transform and collate
                 batch = await context.on_cpu(context.finish, indices, items)
@@ -120,13 +172,15 @@ async def process_batch(
         return Failure(error)
 
 
-async def drive(context: EpochContext, batches: Sequence[list[int]], handoff: Handoff) -> None:
+async def drive(context: EpochContext, batches: EpochBatches, handoff: Handoff) -> None:
     """Run an epoch: every batch in order through ``handoff``, then :data:`END`."""
     with context.scope():  # the batch tasks, and the pool jobs they start, inherit it
         await _drive(context, batches, handoff)
 
 
 def _fetcher(context: EpochContext) -> Lanes | ThreadLanes | _Whole:
+    if context.stream is not None:
+        return _Streamed(context, context.stream)
     if context.item_concurrency == 1 and context.source.fetches_whole_batches:
         return _Whole(context)
     if context.source.io is not None:
@@ -136,10 +190,10 @@ def _fetcher(context: EpochContext) -> Lanes | ThreadLanes | _Whole:
 
 async def _open(
     context: EpochContext,
-    batches: Sequence[list[int]],
+    batches: EpochBatches,
     handoff: Handoff,
     fetcher: Lanes | ThreadLanes | _Whole,
-    running: deque[asyncio.Future[Batch | Failure]],
+    running: deque[asyncio.Future[Outcome]],
     opened: asyncio.Event,
 ) -> None:
     """Start each batch once the window has room for it (the driver's second task)."""
@@ -159,16 +213,16 @@ async def _open(
     except asyncio.CancelledError:
         raise
     except BaseException as error:  # a fault of the driver itself: end loudly, never hang
-        failed: asyncio.Future[Batch | Failure] = loop.create_future()
+        failed: asyncio.Future[Outcome] = loop.create_future()
         failed.set_result(Failure(error))
         running.append(failed)
     finally:
         opened.set()  # the driver sees this task done once it wakes
 
 
-async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: Handoff) -> None:
+async def _drive(context: EpochContext, batches: EpochBatches, handoff: Handoff) -> None:
     loop = asyncio.get_running_loop()
-    running: deque[asyncio.Future[Batch | Failure]] = deque()
+    running: deque[asyncio.Future[Outcome]] = deque()
     opened = asyncio.Event()
     fetcher: Lanes | ThreadLanes | _Whole | None = None
     opener: asyncio.Task[None] | None = None
@@ -182,6 +236,8 @@ async def _drive(context: EpochContext, batches: Sequence[list[int]], handoff: H
                 continue
             outcome = await running[0]
             running.popleft()
+            if outcome is EXHAUSTED:
+                break
             handoff.put(outcome)
         handoff.put(END)
     except asyncio.CancelledError:

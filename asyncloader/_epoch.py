@@ -22,6 +22,7 @@ from ._pool import ThreadPool
 from ._skip import SKIPPED, Skipper
 from ._source import Source, fetch_batch, fetch_item
 from ._stats import Recorder, current
+from ._stream import StreamReader
 from ._transform import Transform
 
 Batch = tuple[list[int], Any]
@@ -130,6 +131,8 @@ class EpochContext:
     skipper: Skipper | None
     augment: tuple[int, int]
     """``(seed, epoch)``: the key random transforms draw from."""
+    stream: StreamReader | None = None
+    """A stream's reader for the epoch (``None`` for a map-style dataset)."""
 
     def scope(self) -> _Scope:
         """Make the epoch's recorder and augmentation key current (the datasets' retry loops

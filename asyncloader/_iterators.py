@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._driver import drive
+from ._driver import EpochBatches, drive
 from ._epoch import Batch, EpochContext, fetch_or_skip, transform_items
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
@@ -146,7 +146,7 @@ class ThreadedIterator:
         self,
         runtime: Runtime,
         context: EpochContext,
-        batches: Sequence[list[int]],
+        batches: EpochBatches,
         window: int,
         timeout: float | None,
         with_indices: bool,
@@ -157,7 +157,8 @@ class ThreadedIterator:
         self._runtime = runtime
         self._timeout = timeout
         self._with_indices = with_indices
-        self._remaining = len(batches)
+        self._batches = batches  # its len() only (a stream's raises TypeError, as in torch)
+        self._taken = 0
         loop_thread = self._loop_thread = runtime.loop_thread
         self._handoff = ThreadHandoff(window, loop_thread.loop)
         self._pid = os.getpid()
@@ -172,7 +173,7 @@ class ThreadedIterator:
         return self
 
     def __len__(self) -> int:
-        return self._remaining
+        return len(self._batches) - self._taken
 
     def __next__(self) -> Any:
         if self._pid != os.getpid():
@@ -195,7 +196,7 @@ class ThreadedIterator:
             self._open = False
             self._recorder.epoch_ended()
             raise StopIteration
-        self._remaining -= 1
+        self._taken += 1
         self._progress.received += 1
         self._recorder.add_batch(failed=isinstance(value, Failure))
         return _unwrap(value, self._with_indices)
@@ -233,7 +234,7 @@ class AsyncEpochIterator:
     def __init__(
         self,
         context: EpochContext,
-        batches: Sequence[list[int]],
+        batches: EpochBatches,
         window: int,
         timeout: float | None,
         with_indices: bool,
@@ -243,7 +244,7 @@ class AsyncEpochIterator:
         self._recorder = context.recorder
         self._context: EpochContext | None = context
         self._batches = batches
-        self._remaining = len(batches)
+        self._taken = 0
         self._timeout = timeout
         self._with_indices = with_indices
         self._handoff = AsyncHandoff(window)
@@ -255,7 +256,7 @@ class AsyncEpochIterator:
         return self
 
     def __len__(self) -> int:
-        return self._remaining
+        return len(self._batches) - self._taken
 
     async def __anext__(self) -> Any:
         if self._pid != os.getpid():
@@ -284,7 +285,7 @@ class AsyncEpochIterator:
             self._progress.done = True
             self._abandon()  # the driver is done: this only ends the epoch
             raise StopAsyncIteration
-        self._remaining -= 1
+        self._taken += 1
         self._progress.received += 1
         self._recorder.add_batch(failed=isinstance(value, Failure))
         return _unwrap(value, self._with_indices)

@@ -6,31 +6,27 @@ import asyncio
 import json
 import logging
 import os
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from ._collate import default_collate, unbatched
+from ._driver import EpochBatches
 from ._epoch import EpochContext
 from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
+from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
-from ._sampler import batch_count, sampler_length
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import (
-    Expected,
     Progress,
     Resume,
-    capture_sampler,
-    check_state,
-    restore_sampler,
-    unrestorable_reason,
-    write_state,
 )
 from ._stats import LoaderStats, Recorder
+from ._stream import StreamBatches, check_stream_settings, stream_kind
+from ._stream_epochs import StreamEpochs
 from ._transform import Transform
 
 logger = logging.getLogger("asyncloader")
@@ -45,6 +41,9 @@ class DataLoader:
     Args:
         dataset: A map-style dataset: ``__len__`` and ``__getitem__`` (sync or ``async def``),
             optionally ``__getitems__(indices)`` and, for async datasets, ``async def aclose()``.
+            Or a stream: ``__iter__`` or ``async def __aiter__`` and no ``__getitem__`` (a torch
+            ``IterableDataset``, a generator), read once per epoch in its order by one reader
+            (``docs/streaming.md``).
         batch_size: Samples per batch, at least 1. ``None`` (as in torch) turns batching off:
             each item comes out alone, ``collate_fn`` called with the item itself (by default
             the item as it is), and ``len(loader)`` counts items.
@@ -86,8 +85,8 @@ class DataLoader:
             listing the first failures. ``None``: no limit.
 
     Raises:
-        TypeError: A setting has the wrong type, or the dataset is not a map-style dataset (a
-            torch ``IterableDataset`` or another stream among them).
+        TypeError: A setting has the wrong type, or the dataset is neither a map-style dataset
+            nor a stream.
         ValueError: A setting is out of range, or exclusive settings are given together.
     """
 
@@ -116,6 +115,9 @@ class DataLoader:
         max_errors: int | float | None = None,
     ) -> None:
         self._unbatched = batch_size is None
+        kind = stream_kind(dataset)
+        if kind is not None:
+            check_stream_settings(dataset, shuffle, sampler, batch_sampler, max_errors)
         batch_sampler = check_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last)
         if self._unbatched and drop_last:
             raise ValueError("batch_size=None turns batching off: drop_last=True has no meaning")
@@ -141,7 +143,13 @@ class DataLoader:
             world_size=world_size,
             drop_last=self._settings.drop_last,
         )
-        self._is_async = is_async_dataset(dataset)
+        self._epochs: MapEpochs | StreamEpochs = (
+            MapEpochs(dataset, self._order, self._settings, self.batch_size)
+            if kind is None
+            else StreamEpochs(dataset, kind, self._order, self._settings, self.batch_size)
+        )
+        self._is_async = kind == "async" if kind else is_async_dataset(dataset)
+        self._needs_io = kind is not None or not self._is_async
         self._dataset = dataset
         self._transform = transform
         collate = default_collate if collate_fn is None else collate_fn
@@ -211,14 +219,10 @@ class DataLoader:
         merely prefetched. Between epochs it names the next epoch with 0 batches received;
         after :meth:`load_state_dict` and before the next batch, the position loaded.
         """
-        resume, progress, expected = self._resume, self._progress, self._expected()
+        resume = self._resume
         if resume is not None and resume.epoch == self._epoch:
             return {**json.loads(json.dumps(resume.state)), "rank": self.rank}
-        if progress is not None and not progress.done:
-            epoch, received, offset = progress.epoch, progress.received, progress.offset
-            return write_state(expected, self.rank, epoch, received, offset, progress.sampler)
-        sampler = capture_sampler(self._order.source)
-        return write_state(expected, self.rank, self._epoch, 0, 0, sampler)
+        return self._epochs.state(self._progress, self._epoch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next epoch yields the batches it had not yet handed over.
@@ -233,21 +237,8 @@ class DataLoader:
                 past the end of its epoch). The message names the field, and the loader is
                 left as it was.
         """
-        resume, generator = check_state(state, self._expected())
-        restore_sampler(self._order.source, resume.state["sampler"], generator)
-        if not self._order.seed_given:
-            # The seed was drawn from the OS: adopt the saved one, so the order (and the
-            # augmentation) is the same.
-            self._order.adopt_seed(resume.state["seed"])
-        why = unrestorable_reason(self._order.source)
-        if why is not None:
-            warnings.warn(why, stacklevel=2)
-        self._epoch = resume.epoch
-        self._progress = None
-        self._resume = resume
-
-    def _expected(self) -> Expected:
-        return self._order.expected(len(self._dataset), self.batch_size)
+        resume = self._epochs.load(state)
+        self._epoch, self._progress, self._resume = resume.epoch, None, resume
 
     def __len__(self) -> int:
         """The number of batches per epoch (PyTorch's convention).
@@ -255,29 +246,20 @@ class DataLoader:
         Raises:
             TypeError: The sampler has no ``__len__``.
         """
-        if self._order.batch_sampler is not None:
-            return sampler_length(self._order.batch_sampler, 0)
-        samples = sampler_length(self._order.sampler, len(self._dataset))
-        return batch_count(samples, self._settings.batch_size, self._settings.drop_last)
+        return self._epochs.length()
 
-    def _start_epoch(self) -> tuple[Sequence[list[int]], Progress]:
+    def _start_epoch(self) -> tuple[EpochBatches, Progress]:
         """Fix the batches of the next epoch (the sampler is read whole, now).
 
         After a loaded state, the batches already received are left out, never fetched.
         """
         resume, self._resume = self._resume, None
-        plan = self._order.plan(self._epoch, resume, len(self._dataset), self._settings.batch_size)
-        batches = plan.batches
-        self._epoch = plan.epoch + 1
-        received = min(plan.skip, len(batches))
-        progress = Progress(plan.epoch, received, offset=plan.offset, sampler=plan.sampler)
+        batches, progress, items = self._epochs.start(self._epoch, resume, self._runtime_here().io)
+        self._epoch = progress.epoch + 1
         self._progress = progress
-        self._skipper = (
-            Skipper(epoch_budget(self._max_errors, batches.items), self._recorder)
-            if self._skip
-            else None
-        )
-        return batches[plan.skip :], progress
+        budget = epoch_budget(self._max_errors, items)
+        self._skipper = Skipper(budget, self._recorder) if self._skip else None
+        return batches, progress
 
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.
@@ -290,10 +272,11 @@ class DataLoader:
             )
         return self._runtime
 
-    def _context(self, runtime: Runtime, epoch: int) -> EpochContext:
+    def _context(self, runtime: Runtime, epoch: int, batches: EpochBatches) -> EpochContext:
         """The epoch's context; its pools start threads only when first used."""
         return EpochContext(
-            source=Source(self._dataset, None if self._is_async else runtime.io),
+            # A stream is read by its reader; its Source only names the dataset.
+            source=Source(self._dataset, runtime.io if self._needs_io else None),
             transform=self._transform,
             collate=self._collate,
             cpu=runtime.cpu,
@@ -302,17 +285,18 @@ class DataLoader:
             recorder=self._recorder,
             skipper=self._skipper,
             augment=(self.seed, epoch),
+            stream=batches.reader if isinstance(batches, StreamBatches) else None,
         )
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         settings = self._settings
         batches, progress = self._start_epoch()
         runtime = self._runtime_here()
-        context = self._context(runtime, progress.epoch)
+        context = self._context(runtime, progress.epoch, batches)
         # The direct path cannot stop a batch that outlasts `timeout`: with one, the epoch
         # runs on the loop thread, whose hand-off honours it.
         direct = not self._is_async and settings.num_workers == 0 and settings.timeout is None
-        if direct and settings.item_concurrency == 1:
+        if direct and settings.item_concurrency == 1 and isinstance(batches, Sequence):
             return DirectIterator(context, batches, with_indices, progress)
         return ThreadedIterator(
             runtime,
@@ -327,7 +311,7 @@ class DataLoader:
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
         return AsyncEpochIterator(
-            self._context(self._runtime_here(), progress.epoch),
+            self._context(self._runtime_here(), progress.epoch, batches),
             batches,
             self._settings.window,
             self._settings.timeout,

@@ -2,13 +2,13 @@
 
 A dataset is recognised by its methods: ``async def __getitem__``/``__getitems__`` make an
 async dataset, plain ones a sync dataset (any torch map-style dataset). Mixing the two, or
-lacking ``__len__`` or ``__getitem__``, is refused when the loader is built.
+lacking ``__len__`` or ``__getitem__``, is refused when the loader is built. (A stream, read by
+iterating, is recognised first: :mod:`._stream`.)
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,11 +22,6 @@ def is_async_dataset(dataset: object) -> bool:
         TypeError: It lacks ``__len__`` or ``__getitem__``, or mixes sync and async methods.
     """
     kind = type(dataset).__name__
-    if _is_stream(dataset):
-        raise TypeError(
-            f"dataset {kind} is an iterable (stream) dataset: asyncloader reads map-style "
-            "datasets (__len__ and __getitem__); streams and shards are not supported yet"
-        )
     if not hasattr(dataset, "__len__"):
         raise TypeError(f"dataset {kind} has no __len__; map-style datasets need one")
     if not hasattr(dataset, "__getitem__"):
@@ -42,16 +37,6 @@ def is_async_dataset(dataset: object) -> bool:
         )
         raise TypeError(f"dataset {kind} mixes sync and async item methods ({described})")
     return methods["__getitem__"]
-
-
-def _is_stream(dataset: object) -> bool:
-    """A torch ``IterableDataset`` (whose ``__getitem__`` is the base class's, which raises),
-    or anything iterable with no ``__getitem__`` of its own."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
-        return True
-    iterable = hasattr(dataset, "__iter__") or hasattr(dataset, "__aiter__")
-    return iterable and not hasattr(dataset, "__getitem__")
 
 
 def _refuse_awaitable(item: object, what: str) -> None:

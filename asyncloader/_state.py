@@ -69,6 +69,8 @@ class Progress:
     """Positions of the epoch's shared order consumed before this share began (elastic)."""
     sampler: Any = None
     """What the state records of the sampler, as it was when the epoch started."""
+    stream: Any = None
+    """A stream's reader (:class:`._stream.StreamReader`): the stream's own states."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,11 @@ def check_state(state: object, expected: Expected) -> tuple[Resume, bytes | None
     """
     if not isinstance(state, dict):
         raise ValueError(f"a loader state is a dict, got {type(state).__name__}")
+    if "kind" in state:
+        raise ValueError(
+            f"state kind {state['kind']!r}: the state is a stream loader's, and this loader "
+            "reads a map-style dataset"
+        )
     for key in _REQUIRED:
         if key not in state:
             raise ValueError(f"state has no {key!r}")

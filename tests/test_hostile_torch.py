@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, IterableDataset
+from torch.utils.data import BatchSampler
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 from torch.utils.data import RandomSampler as TorchRandomSampler
 
@@ -83,17 +82,3 @@ def test_generator_seeds_the_shuffle_reproducibly() -> None:
         DataLoader(SyncData(3), shuffle=True, seed=1, generator=torch.Generator())
     with pytest.raises(TypeError, match="generator"):
         DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
-
-
-class Stream(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(3))
-
-    def __len__(self) -> int:
-        return 3
-
-
-def test_an_iterable_dataset_is_refused_at_construction() -> None:
-    for stream in (Stream(), (i for i in range(3))):
-        with pytest.raises(TypeError, match="iterable \\(stream\\) dataset"):
-            DataLoader(stream)

@@ -1,0 +1,306 @@
+"""Streams: datasets read by iterating over them, not by index.
+
+A dataset with ``__iter__`` or ``async def __aiter__`` and no ``__getitem__`` of its own (a
+torch ``IterableDataset``, a generator, an async generator, an object whose ``__iter__`` is a
+generator function) is a stream. An epoch of it is one pass of one iterator, read by one reader
+at a time: batch ``k`` is the stream's items ``k * batch_size`` to ``(k + 1) * batch_size - 1``,
+pulled in one call (one I/O-pool job for a sync iterator, since ``next()`` may block), in batch
+order. So no item is read twice or left out whatever ``num_workers`` (torch's worker processes
+each iterate the whole of an unaware ``IterableDataset``); the batches' CPU work still runs in
+parallel on the pool. An item's index, for the transform and for ``iter_with_indices``, is its
+position in the epoch's stream.
+
+A stream that can split itself (over ranks, or into shards read at once) reads what it needs
+from :func:`stream_info` while it is iterated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._pool import ThreadPool
+from ._sampler import batch_count
+
+logger = logging.getLogger("asyncloader")
+
+StreamKind = Literal["sync", "async"]
+
+
+def stream_kind(dataset: object) -> StreamKind | None:
+    """``"async"`` for a dataset read with ``async for``, ``"sync"`` for one read with
+    ``for``, ``None`` for a map-style dataset. A torch ``IterableDataset`` is a stream (its
+    ``__getitem__`` is the base class's, which raises); so is anything iterable without a
+    ``__getitem__``. With both ``__aiter__`` and ``__iter__``, ``__aiter__`` is used."""
+    torch = sys.modules.get("torch")
+    is_torch_stream = torch is not None and isinstance(dataset, torch.utils.data.IterableDataset)
+    if not is_torch_stream and hasattr(dataset, "__getitem__"):
+        return None
+    if hasattr(dataset, "__aiter__"):
+        return "async"
+    if hasattr(dataset, "__iter__"):
+        return "sync"
+    return None
+
+
+def is_stateful(dataset: object) -> bool:
+    """Whether a stream keeps its own position (``state_dict``/``load_state_dict``)."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
+
+
+def check_stream_settings(
+    dataset: object, shuffle: object, sampler: object, batch_sampler: object, max_errors: object
+) -> None:
+    """Refuse the settings that order a map-style dataset's indices (a stream has none), and
+    a fraction of an epoch's items for a stream that does not say how many it has."""
+    if isinstance(max_errors, float) and not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"max_errors={max_errors} is a fraction of the epoch's items, and this stream has "
+            "no __len__: give a count"
+        )
+    for name, value in (("shuffle", shuffle), ("sampler", sampler)):
+        if value:
+            raise ValueError(
+                f"{name} orders a map-style dataset's indices; a stream dataset has none, so "
+                f"{name} must not be given (as in torch)"
+            )
+    if batch_sampler is not None:
+        raise ValueError("batch_sampler needs a map-style dataset; this dataset is a stream")
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What a stream dataset is told while it is iterated (see :func:`stream_info`).
+
+    The stream is read by one reader, so a stream that splits itself splits only over ranks;
+    ``num_workers`` says how many parts (shards) it may read at once to keep the loader busy.
+    """
+
+    rank: int
+    """This process's rank (the loader's ``rank``)."""
+    world_size: int
+    """The number of ranks sharing the epoch: read ``1 / world_size`` of the data."""
+    epoch: int
+    """The epoch being read."""
+    seed: int
+    """The loader's seed: draw any order from ``(seed, epoch)``, so every rank agrees."""
+    num_workers: int
+    """The loader's ``num_workers``."""
+
+
+_current: contextvars.ContextVar[StreamInfo | None] = contextvars.ContextVar(
+    "asyncloader_stream", default=None
+)
+
+
+def stream_info() -> StreamInfo | None:
+    """The rank, epoch and seed of the epoch that is iterating this stream.
+
+    Call it inside a stream dataset's ``__iter__``/``__aiter__`` (or anywhere in the
+    iteration it starts); ``None`` outside a loader's epoch. This is asyncloader's
+    ``torch.utils.data.get_worker_info()``: there is one reader, so no worker share to take.
+    """
+    return _current.get()
+
+
+class StreamReader:
+    """One epoch's iterator over a stream, pulled one batch at a time in batch order.
+
+    Args:
+        dataset: The stream.
+        kind: ``"sync"`` or ``"async"``.
+        io: The pool that runs a sync stream's ``next()`` calls.
+        info: What :func:`stream_info` returns during the epoch.
+        first: The batches of the epoch received before this reader starts (a resume).
+        skip: Items to read and drop first (a resume of a stream without its own state).
+        drop_last: Whether a short last batch is dropped.
+        window: Batches that may be pulled ahead of the consumer (how many states to keep).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        kind: StreamKind,
+        io: ThreadPool,
+        info: StreamInfo,
+        *,
+        first: int,
+        skip: int,
+        drop_last: bool,
+        window: int,
+    ) -> None:
+        self._dataset = dataset
+        self._async = kind == "async"
+        self._io = io
+        self._info = info
+        self._skip = skip
+        self._drop_last = drop_last
+        self._window = window
+        self._iterator: Any = None
+        self._lock = asyncio.Lock()
+        self._thread_lock = threading.Lock()  # one thread at a time in a sync iterator
+        self._stateful = is_stateful(dataset)
+        self._pulled = first
+        self._states: dict[int, str | Exception] = {}
+        self.ended = False
+        """Whether the stream has no item left for this epoch (or failed, or was cut off)."""
+        self.end: int | None = None
+        """The epoch's batches, once the stream's end (or its error) is found."""
+
+    async def pull(self, count: int) -> list[Any]:
+        """The next ``count`` items (fewer at the stream's end; none after it, nor for a short
+        last batch under ``drop_last``). An error of the iterator is raised here, and ends
+        the epoch's stream."""
+        async with self._lock:
+            if self.ended:
+                return []
+            try:
+                if self._async:
+                    token = _current.set(self._info)
+                    try:
+                        items, ended, state = await self._pull_async(count)
+                    finally:
+                        _current.reset(token)
+                else:
+                    items, ended, state = await self._io.run(self._pull_sync, count)
+            except BaseException:
+                self.ended = True
+                self.end = self._pulled + 1  # the failed batch is the epoch's last
+                raise
+            self._pulled += 1
+            if state is not None:
+                self._states[self._pulled] = state
+                self._states.pop(self._pulled - self._window - 2, None)
+            if ended and (not items or (self._drop_last and len(items) < count)):
+                items = []
+            if ended:
+                self.ended = True
+                self.end = self._pulled if items else self._pulled - 1
+        return items
+
+    def state_after(self, batches: int) -> str | None:
+        """The stream's own state (as JSON) once ``batches`` batches of the epoch were pulled,
+        if it has one and it is still kept.
+
+        Raises:
+            TypeError: The stream's ``state_dict()`` failed or was not JSON-serialisable.
+        """
+        state = self._states.get(batches)
+        if isinstance(state, Exception):
+            raise TypeError(
+                f"{type(self._dataset).__name__}.state_dict() gave no JSON-serialisable "
+                f"state: {state}"
+            )
+        return state
+
+    def _snapshot(self) -> str | Exception | None:
+        if not self._stateful:
+            return None
+        try:
+            return json.dumps(self._dataset.state_dict())
+        except Exception as error:  # raised where the state is asked for, not here
+            return error
+
+    def _pull_sync(self, count: int) -> tuple[list[Any], bool, str | Exception | None]:
+        with self._thread_lock:
+            token = _current.set(self._info)
+            try:
+                items: list[Any] = []
+                try:
+                    if self._iterator is None:
+                        self._iterator = iter(self._dataset)
+                        for _ in range(self._skip):
+                            next(self._iterator)
+                    for _ in range(count):
+                        items.append(next(self._iterator))
+                except StopIteration:
+                    return items, True, self._snapshot()
+                return items, False, self._snapshot()
+            finally:
+                _current.reset(token)
+
+    async def _pull_async(self, count: int) -> tuple[list[Any], bool, str | Exception | None]:
+        items: list[Any] = []
+        try:
+            if self._iterator is None:
+                self._iterator = self._dataset.__aiter__()
+                for _ in range(self._skip):
+                    await self._iterator.__anext__()
+            for _ in range(count):
+                items.append(await self._iterator.__anext__())
+        except StopAsyncIteration:
+            return items, True, self._snapshot()
+        return items, False, self._snapshot()
+
+    async def aclose(self) -> None:
+        """Close the epoch's iterator (a generator's ``finally`` runs), unless it is the
+        dataset itself (a generator given as the dataset goes on where it stopped)."""
+        iterator, self._iterator = self._iterator, None
+        self.ended = True
+        if iterator is None or iterator is self._dataset:
+            return
+        if self._async:
+            close = getattr(iterator, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    logger.exception("closing the stream's iterator failed")
+        elif callable(getattr(iterator, "close", None)):
+            # After any next() still running on a thread (nobody waits for it).
+            self._io.submit(self._close_sync, iterator)
+
+    def _close_sync(self, iterator: Any) -> None:
+        with self._thread_lock:
+            try:
+                iterator.close()
+            except Exception:
+                logger.exception("closing the stream's iterator failed")
+
+
+class StreamBatches:
+    """An epoch of a stream as the driver's batches: the positions of consecutive items,
+    until the reader finds the stream's end.
+
+    Args:
+        reader: The epoch's reader.
+        batch_size: Items per batch.
+        first: Batches of the epoch already received (a resume).
+        length: The stream's ``len()``, if it has one.
+        drop_last: Whether a short last batch is dropped.
+    """
+
+    def __init__(
+        self,
+        reader: StreamReader,
+        batch_size: int,
+        first: int,
+        length: int | None,
+        drop_last: bool,
+    ) -> None:
+        self.reader = reader
+        self.first = first
+        self.length = length
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+
+    def __iter__(self) -> Iterator[list[int]]:
+        size = self._batch_size
+        start = self.first * size
+        while not self.reader.ended:
+            yield list(range(start, start + size))
+            start += size
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("the stream dataset has no __len__, so its epoch has no length")
+        return max(0, batch_count(self.length, self._batch_size, self._drop_last) - self.first)

@@ -1,0 +1,245 @@
+"""Checkpoints of a stream's position, and the start of a stream's epoch from one.
+
+A stream's state says which epoch the next batch comes from, how many of its batches the
+consumer received, and, for a stream with its own ``state_dict()``/``load_state_dict()``, the
+stream's state as it was right after the last batch received was read (taken on the reader's
+thread, so a batch prefetched later does not move it). Resuming loads that state into the
+stream before its next ``iter()``. A stream without one is read again from its start and the
+items of the batches received are dropped (skip-ahead: they are read, not fetched for the
+consumer; a warning says so).
+
+The state is checked whole before anything changes, like a map-style loader's
+(:mod:`._state`); a state of the other kind is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from ._map_epochs import EpochStart
+from ._pool import ThreadPool
+from ._sampler import batch_count
+from ._settings import Settings
+from ._state import FORMAT, Progress, Resume
+from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful
+
+if TYPE_CHECKING:
+    from ._order import Order
+
+KIND: Final = "stream"
+_FIELDS: Final = (
+    "format",
+    "kind",
+    "epoch",
+    "batches_received",
+    "seed",
+    "batch_size",
+    "drop_last",
+    "world_size",
+    "rank",
+    "source",
+)
+
+
+@dataclass(frozen=True)
+class StreamExpected:
+    """What a stream state must agree with."""
+
+    seed: int
+    adopts_seed: bool
+    batch_size: int | None
+    drop_last: bool
+    world_size: int
+    stateful: bool
+    """Whether the stream has ``state_dict()`` and ``load_state_dict()``."""
+    length: int | None
+    """The stream's ``len()``, if it has one."""
+
+
+def write_stream_state(
+    expected: StreamExpected, rank: int, epoch: int, received: int, source: str | None
+) -> dict[str, Any]:
+    """A state in the layout :func:`check_stream_state` reads (``source``: the stream's own
+    state as JSON, or ``None``)."""
+    return {
+        "format": FORMAT,
+        "kind": KIND,
+        "epoch": epoch,
+        "batches_received": received,
+        "seed": expected.seed,
+        "batch_size": expected.batch_size,
+        "drop_last": expected.drop_last,
+        "world_size": expected.world_size,
+        "rank": rank,
+        "source": None if source is None else json.loads(source),
+    }
+
+
+def _int(state: dict[str, Any], key: str, minimum: int) -> int:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"state {key} must be an int of at least {minimum}, got {value!r}")
+    return value
+
+
+def check_stream_state(state: object, expected: StreamExpected) -> Resume:
+    """Check a whole stream state against this loader, changing nothing.
+
+    Raises:
+        ValueError: A field is missing, unknown, of the wrong type or range, or disagrees with
+            this loader (a map-style loader's state among them); the message names it.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"a loader state is a dict, got {type(state).__name__}")
+    if state.get("kind") != KIND:
+        raise ValueError(
+            f"state kind {state.get('kind')!r} is not {KIND!r}: this loader reads a stream, "
+            "and the state is not a stream loader's"
+        )
+    for key in _FIELDS:
+        if key not in state:
+            raise ValueError(f"state has no {key!r}")
+    unknown = sorted(str(key) for key in state if key not in _FIELDS)
+    if unknown:
+        raise ValueError(f"state has unknown fields {unknown}")
+    if state["format"] != FORMAT or isinstance(state["format"], bool):
+        raise ValueError(f"state format {state['format']!r} differs from {FORMAT}")
+    epoch = _int(state, "epoch", 0)
+    batches = _int(state, "batches_received", 0)
+    seed = _int(state, "seed", 0)
+    rank = _int(state, "rank", 0)
+    world_size = _int(state, "world_size", 1)
+    if rank >= world_size:
+        raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
+    for key in ("batch_size", "drop_last", "world_size"):
+        ours = getattr(expected, key)
+        if state[key] != ours or type(state[key]) is not type(ours):
+            raise ValueError(
+                f"state {key} {state[key]!r} differs from this loader's {ours!r}"
+                + (": a stream cannot be re-split over ranks" if key == "world_size" else "")
+            )
+    if not expected.adopts_seed and seed != expected.seed:
+        raise ValueError(f"state seed {seed} differs from this loader's seed {expected.seed}")
+    source = state["source"]
+    if source is not None and not expected.stateful:
+        raise ValueError("state source holds a stream's own state, but this stream has none")
+    if expected.length is not None:
+        size = expected.batch_size or 1
+        bound = -(-expected.length // size)
+        if batches > bound:
+            raise ValueError(
+                f"state batches_received {batches} is past the end of its epoch ({bound})"
+            )
+    try:
+        copy = json.loads(json.dumps(state))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"a loader state must be JSON-serialisable: {error}") from None
+    return Resume(epoch, batches, world_size, 0, copy)
+
+
+class StreamEpochs:
+    """A stream loader's epochs: where each starts, and the states of its position.
+
+    Args:
+        dataset: The stream.
+        kind: ``"sync"`` or ``"async"``.
+        order: The loader's seed and ranks.
+        settings: The loader's settings.
+        batch_size: The loader's ``batch_size`` as it reports it (``None`` unbatched).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        kind: StreamKind,
+        order: Order,
+        settings: Settings,
+        batch_size: int | None,
+    ) -> None:
+        self.dataset = dataset
+        self.kind = kind
+        self._order = order
+        self._settings = settings
+        self._batch_size = batch_size
+
+    def _expected(self) -> StreamExpected:
+        dataset = self.dataset
+        return StreamExpected(
+            seed=self._order.seed,
+            adopts_seed=not self._order.seed_given,
+            batch_size=self._batch_size,
+            drop_last=self._settings.drop_last,
+            world_size=self._order.world_size,
+            stateful=is_stateful(dataset),
+            length=len(dataset) if hasattr(dataset, "__len__") else None,
+        )
+
+    def length(self) -> int:
+        """The batches of an epoch (``len(loader)``).
+
+        Raises:
+            TypeError: The stream has no ``__len__``.
+        """
+        if not hasattr(self.dataset, "__len__"):
+            raise TypeError(f"{type(self.dataset).__name__} is a stream with no __len__")
+        settings = self._settings
+        return batch_count(len(self.dataset), settings.batch_size, settings.drop_last)
+
+    def state(self, progress: Progress | None, next_epoch: int) -> dict[str, Any]:
+        """The position after what the consumer received (:meth:`DataLoader.state_dict`)."""
+        expected, rank = self._expected(), self._order.rank
+        if progress is None or progress.done or progress.stream.end == progress.received:
+            return write_stream_state(expected, rank, next_epoch, 0, None)
+        source = progress.stream.state_after(progress.received)
+        return write_stream_state(expected, rank, progress.epoch, progress.received, source)
+
+    def load(self, state: object) -> Resume:
+        """Check a state and load the stream's own part of it into the stream.
+
+        Raises:
+            ValueError: The state is refused (:func:`check_stream_state`), or the stream's
+                ``load_state_dict`` refused its part; nothing changed.
+        """
+        resume = check_stream_state(state, self._expected())
+        source, name = resume.state["source"], type(self.dataset).__name__
+        if source is not None:
+            try:
+                self.dataset.load_state_dict(source)
+            except Exception as error:
+                raise ValueError(
+                    f"state source: {name}.load_state_dict refused it: {error}"
+                ) from error
+        elif resume.batches:
+            warnings.warn(
+                f"{name} has no state_dict()/load_state_dict(): the resumed epoch reads its "
+                f"first {resume.batches} batches again and drops them",
+                stacklevel=3,
+            )
+        if not self._order.seed_given:
+            self._order.adopt_seed(resume.state["seed"])
+        return resume
+
+    def start(self, epoch: int, resume: Resume | None, io: ThreadPool) -> EpochStart:
+        """The batches of epoch ``epoch``, after those a loaded state had received."""
+        order, settings = self._order, self._settings
+        if resume is not None and resume.epoch != epoch:
+            resume = None
+        first = resume.batches if resume is not None else 0
+        own_state = resume is not None and resume.state["source"] is not None
+        info = StreamInfo(order.rank, order.world_size, epoch, order.seed, settings.num_workers)
+        reader = StreamReader(
+            self.dataset,
+            self.kind,
+            io,
+            info,
+            first=first,
+            skip=0 if own_state else first * settings.batch_size,
+            drop_last=settings.drop_last,
+            window=settings.window,
+        )
+        length = len(self.dataset) if hasattr(self.dataset, "__len__") else None
+        batches = StreamBatches(reader, settings.batch_size, first, length, settings.drop_last)
+        return batches, Progress(epoch, first, stream=reader), length or 0

@@ -1,0 +1,397 @@
+"""Streams (issue 20, point 1): a dataset read by iterating it, as torch's ``IterableDataset``.
+
+Every item exactly once and in the stream's order whatever ``num_workers``; batches of
+``batch_size``; the epoch's memory bounded by the window; an iterator's error raised at its
+batch, ending the epoch; ``break`` closes the iterator; resume, exact, through the stream's
+own state or by reading again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from asyncloader import DataLoader, StreamInfo, stream_info
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+WORKERS = [0, 1, 4]
+
+
+class Numbers:
+    """A sync stream of ``0..n-1``, optionally with ``__len__``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.iterations = 0
+
+    def __iter__(self) -> Iterator[int]:
+        self.iterations += 1
+        yield from range(self.n)
+
+
+class Sized(Numbers):
+    def __len__(self) -> int:
+        return self.n
+
+
+class AsyncNumbers:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        for i in range(self.n):
+            if i % 3 == 0:
+                await asyncio.sleep(0)  # a real suspension, as a network read would
+            yield i
+
+
+def _lists(loader: DataLoader) -> list[list[int]]:
+    return [batch.tolist() for batch in loader]
+
+
+def _expected(n: int, size: int, drop_last: bool = False) -> list[list[int]]:
+    out = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+    return [b for b in out if len(b) == size] if drop_last else out
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_sync_stream_gives_every_item_once_in_order(workers: int) -> None:
+    with DataLoader(Numbers(103), batch_size=8, num_workers=workers) as loader:
+        assert _lists(loader) == _expected(103, 8)
+        assert _lists(loader) == _expected(103, 8)  # each epoch a new pass
+    with DataLoader(Numbers(103), batch_size=8, num_workers=workers, drop_last=True) as loader:
+        assert _lists(loader) == _expected(103, 8, drop_last=True)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+async def test_an_async_stream_gives_every_item_once_in_order_with_async_for(
+    workers: int,
+) -> None:
+    async with DataLoader(AsyncNumbers(50), batch_size=7, num_workers=workers) as loader:
+        got = [batch.tolist() async for batch in loader]
+    assert got == _expected(50, 7)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_generator_and_an_async_generator_are_streams(workers: int) -> None:
+    async def agen() -> AsyncIterator[int]:
+        for i in range(10):
+            yield i
+
+    assert _lists(DataLoader((i for i in range(10)), batch_size=4, num_workers=workers)) == (
+        _expected(10, 4)
+    )
+    with DataLoader(agen(), batch_size=4, num_workers=workers) as loader:
+        assert _lists(loader) == _expected(10, 4)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_the_transform_runs_on_the_pool_with_the_items_position(workers: int) -> None:
+    threads: set[str] = set()
+
+    def transform(index: int, item: int) -> int:
+        threads.add(threading.current_thread().name)
+        return index * 1000 + item
+
+    with DataLoader(Numbers(20), batch_size=6, num_workers=workers, transform=transform) as loader:
+        pairs = [(indices, batch.tolist()) for indices, batch in loader.iter_with_indices()]
+    assert [indices for indices, _ in pairs] == _expected(20, 6)
+    assert [batch for _, batch in pairs] == [[i * 1001 for i in b] for b in _expected(20, 6)]
+    assert threading.current_thread().name not in threads
+
+
+def test_len_is_the_streams_batches_when_it_has_a_len_and_a_type_error_otherwise() -> None:
+    loader = DataLoader(Sized(10), batch_size=4)
+    assert len(loader) == 3
+    assert len(DataLoader(Sized(10), batch_size=4, drop_last=True)) == 2
+    iterator: Any = iter(loader)
+    assert len(iterator) == 3
+    next(iterator)
+    assert len(iterator) == 2
+    iterator.close()
+    unsized = DataLoader(Numbers(10), batch_size=4)
+    with pytest.raises(TypeError, match="no __len__"):
+        len(unsized)
+    unsized_epoch: Any = iter(unsized)
+    with pytest.raises(TypeError, match="no __len__"):
+        len(unsized_epoch)
+    unsized_epoch.close()
+
+
+def test_settings_that_order_indices_are_refused_for_a_stream() -> None:
+    with pytest.raises(ValueError, match="shuffle"):
+        DataLoader(Numbers(3), shuffle=True)
+    with pytest.raises(ValueError, match="sampler"):
+        DataLoader(Numbers(3), sampler=[0, 1, 2])
+    with pytest.raises(ValueError, match="batch_sampler"):
+        DataLoader(Numbers(3), batch_size=None, batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="max_errors"):
+        DataLoader(Numbers(3), errors="skip", max_errors=0.1)
+    DataLoader(Sized(3), errors="skip", max_errors=0.1)  # a fraction of its len()
+
+
+class Failing:
+    def __init__(self, at: int, kind: type[Exception] = KeyError) -> None:
+        self.at, self.kind = at, kind
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(100):
+            if i == self.at:
+                raise self.kind(f"item {i} is broken")
+            yield i
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_an_iterators_error_is_raised_at_its_batch_and_ends_the_epoch(workers: int) -> None:
+    with DataLoader(Failing(10), batch_size=4, num_workers=workers) as loader:
+        iterator: Any = iter(loader)
+        assert [next(iterator).tolist() for _ in range(2)] == _expected(8, 4)
+        with pytest.raises(KeyError, match="item 10 is broken"):
+            next(iterator)
+        assert list(iterator) == []
+        # The next epoch starts a new pass, and fails at the same place.
+        assert len(list(zip(range(2), loader, strict=False))) == 2
+
+
+async def test_an_async_iterators_error_is_raised_at_its_batch() -> None:
+    async def broken() -> AsyncIterator[int]:
+        for i in range(5):
+            yield i
+        raise ConnectionError("the stream's server went away")
+
+    async with DataLoader(broken(), batch_size=2, num_workers=2) as loader:
+        iterator = aiter(loader)
+        got = [(await anext(iterator)).tolist() for _ in range(2)]
+        with pytest.raises(ConnectionError, match="went away"):
+            await anext(iterator)
+    assert got == [[0, 1], [2, 3]]
+
+
+class Probe:
+    """An endless stream that records how far it was read, and checks the window."""
+
+    def __init__(self, batch_size: int, window: int) -> None:
+        self.batch_size, self.window = batch_size, window
+        self.calls = 0  # next() calls the consumer began
+        self.read = -1
+        self.violations: list[tuple[int, int]] = []
+        self.changed = threading.Condition()
+
+    def __iter__(self) -> Iterator[int]:
+        i = 0
+        while True:
+            if i // self.batch_size >= self.calls + self.window:
+                self.violations.append((i, self.calls))
+            with self.changed:
+                self.read = i
+                self.changed.notify_all()
+            yield i
+            i += 1
+
+    def wait_for(self, read: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.read >= read, timeout=10)
+
+
+@pytest.mark.parametrize(("num_workers", "prefetch_depth"), [(0, 1), (1, 2), (4, 3)])
+def test_a_stalled_consumer_bounds_what_is_read_of_an_endless_stream(
+    num_workers: int, prefetch_depth: int
+) -> None:
+    size = 5
+    window = max(num_workers, 1) + prefetch_depth
+    probe = Probe(size, window)
+    with DataLoader(
+        probe, batch_size=size, num_workers=num_workers, prefetch_depth=prefetch_depth
+    ) as loader:
+        iterator: Any = iter(loader)
+        for taken in range(0, 30, 7):
+            while probe.calls < taken:
+                probe.calls += 1
+                next(iterator)
+            # The consumer stalls: the reader fills exactly the window, and stops there.
+            last = (taken + window) * size - 1
+            probe.wait_for(last)
+            assert probe.read == last
+        iterator.close()
+    assert not probe.violations, probe.violations
+
+
+def test_break_closes_the_iterator_and_the_epoch_after_it_starts_afresh() -> None:
+    closed = threading.Event()
+
+    class Closing:
+        def __iter__(self) -> Iterator[int]:
+            try:
+                yield from range(1000)
+            finally:
+                closed.set()
+
+    with DataLoader(Closing(), batch_size=10, num_workers=2) as loader:
+        for batch in loader:
+            assert batch.tolist() == list(range(10))
+            break
+        assert closed.wait(10)
+        assert next(iter(loader)).tolist() == list(range(10))
+
+
+class Split(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
+    """The torch idiom: each worker reads its share (``get_worker_info``)."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        if info is None:
+            return iter(range(12))
+        return iter(range(info.id, 12, info.num_workers))
+
+
+class Unaware(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(12))
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_torch_iterable_dataset_is_read_once_whatever_num_workers(workers: int) -> None:
+    for dataset in (Unaware(), Split()):
+        with DataLoader(dataset, batch_size=4, num_workers=workers) as loader:
+            assert _lists(loader) == _expected(12, 4)
+    # The trap this avoids: torch's own loader reads an unaware dataset once per worker.
+    torch_items = sorted(
+        int(x)
+        for batch in torch.utils.data.DataLoader(Unaware(), batch_size=4, num_workers=2)
+        for x in batch
+    )
+    assert torch_items == sorted(list(range(12)) * 2)
+
+
+def test_a_stream_that_splits_itself_reads_the_rank_epoch_and_seed() -> None:
+    seen: list[StreamInfo | None] = []
+
+    class Ranked:
+        def __iter__(self) -> Iterator[int]:
+            info = stream_info()
+            seen.append(info)
+            assert info is not None
+            return iter(range(info.rank, 20, info.world_size))
+
+    with DataLoader(Ranked(), batch_size=5, num_workers=2, rank=1, world_size=2, seed=9) as loader:
+        assert _lists(loader) == [[1, 3, 5, 7, 9], [11, 13, 15, 17, 19]]
+        loader.set_epoch(4)
+        list(loader)
+    assert seen == [StreamInfo(1, 2, 0, 9, 2), StreamInfo(1, 2, 4, 9, 2)]
+    assert stream_info() is None
+
+
+class Counter:
+    """A stream with its own position: ``state_dict`` says where the next item is."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.next = 0
+        self.produced = 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.next < self.n:
+            item = self.next
+            self.next += 1
+            self.produced += 1
+            yield item
+        self.next = 0  # the next epoch starts from the beginning
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next = state["next"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_with_the_streams_own_state_reads_only_what_was_not_received(
+    workers: int,
+) -> None:
+    with DataLoader(Counter(40), batch_size=4, num_workers=workers) as loader:
+        iterator: Any = iter(loader)
+        head = [next(iterator).tolist() for _ in range(3)]
+        state = loader.state_dict()  # batches prefetched past these must not count
+        iterator.close()
+    assert state["source"] == {"next": 12}
+    assert state["batches_received"] == 3
+    stream = Counter(40)
+    with DataLoader(stream, batch_size=4, num_workers=workers) as restored:
+        restored.load_state_dict(state)
+        rest = [(i, b.tolist()) for i, b in restored.iter_with_indices()]
+    assert head + [b for _, b in rest] == _expected(40, 4)
+    assert [i for i, _ in rest] == _expected(40, 4)[3:]  # positions go on from the state
+    assert stream.produced == 28
+
+
+def test_resume_without_the_streams_own_state_reads_again_and_warns() -> None:
+    with DataLoader(Numbers(30), batch_size=4, num_workers=2) as loader:
+        iterator: Any = iter(loader)
+        for _ in range(2):
+            next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    with DataLoader(Numbers(30), batch_size=4, num_workers=2) as restored:
+        with pytest.warns(UserWarning, match="reads its first 2 batches again"):
+            restored.load_state_dict(state)
+        assert _lists(restored) == _expected(30, 4)[2:]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("stateful", [True, False])
+def test_every_checkpoint_of_a_stream_resumes_exactly(mode: str, stateful: bool) -> None:
+    def make() -> DataLoader:
+        stream = Counter(22) if stateful else Sized(22)
+        return DataLoader(
+            stream, batch_size=4, num_workers=2, transform=lambda i, x: (i, x), seed=3
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if not stateful else "error")
+        assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) > 10
+
+
+def test_a_stream_state_is_checked_whole_and_a_map_state_refused() -> None:
+    from tests.datasets import SyncData
+
+    loader = DataLoader(Counter(10), batch_size=4, seed=1)
+    good = loader.state_dict()
+    map_state = DataLoader(SyncData(10), batch_size=4, seed=1).state_dict()
+    with pytest.raises(ValueError, match="kind"):
+        loader.load_state_dict(map_state)
+    with pytest.raises(ValueError, match="a stream loader's"):
+        DataLoader(SyncData(10), batch_size=4, seed=1).load_state_dict(good)
+    for key, value, match in [
+        ("batch_size", 5, "batch_size"),
+        ("seed", 2, "seed"),
+        ("batches_received", -1, "batches_received"),
+        ("world_size", 2, "re-split"),
+        ("batches_received", 4, "past the end"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            DataLoader(Sized(10), batch_size=4, seed=1).load_state_dict({**good, key: value})
+    with pytest.raises(ValueError, match="has none"):
+        DataLoader(Numbers(10), batch_size=4, seed=1).load_state_dict(
+            {**good, "source": {"next": 4}}
+        )
+    assert loader.state_dict() == good  # every refusal left it as it was
+
+
+def test_a_failing_transform_is_skipped_from_its_batch_under_errors_skip() -> None:
+    def transform(index: int, item: int) -> int:
+        if item % 5 == 0:
+            raise ValueError(f"item {item} is bad")
+        return item
+
+    with DataLoader(
+        Numbers(12), batch_size=4, num_workers=2, transform=transform, errors="skip"
+    ) as loader:
+        assert _lists(loader) == [[1, 2, 3], [4, 6, 7], [8, 9, 11]]
+        assert loader.stats().skipped == 3
