@@ -19,6 +19,7 @@ from ._sampler import SequentialSampler as SequentialSampler
 from ._skip import SkipBudgetExceeded as SkipBudgetExceeded
 from ._stats import LoaderStats as LoaderStats
 from ._stats import StageStats as StageStats
+from ._stream import SampleError as SampleError
 from ._stream import StreamInfo as StreamInfo
 from ._stream import stream_info as stream_info
 from ._transform import Compose as Compose
@@ -27,6 +28,7 @@ from .datasets import FileDataset as FileDataset
 from .datasets import HttpDataset as HttpDataset
 from .datasets import ObjectStoreDataset as ObjectStoreDataset
 from .datasets import Retry as Retry
+from .datasets import TarShards as TarShards
 from .datasets import Template as Template
 from .transforms import ImageCollator as ImageCollator
 
@@ -41,11 +43,13 @@ __all__ = [
     "ObjectStoreDataset",
     "RandomSampler",
     "Retry",
+    "SampleError",
     "Sampler",
     "SequentialSampler",
     "SkipBudgetExceeded",
     "StageStats",
     "StreamInfo",
+    "TarShards",
     "Template",
     "Transform",
     "default_collate",

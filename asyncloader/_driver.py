@@ -32,7 +32,7 @@ from ._handoff import END, Failure
 from ._lanes import Lanes, ThreadLanes
 from ._pool import priority
 from ._skip import SKIPPED
-from ._stream import StreamReader
+from ._stream import SampleError, StreamReader
 
 
 class _Exhausted:
@@ -122,9 +122,16 @@ class _Streamed(_Whole):
         items: list[Any] | None = None
         try:
             items = await self.reader.pull(len(indices))
-            return items
         finally:
             recorder.fetch_done(started, items, len(indices))
+        skipper = self.context.skipper
+        for position, item in enumerate(items):
+            if type(item) is SampleError:
+                if skipper is None:
+                    raise item.error
+                skipper.skip(indices[position], item.error)
+                items[position] = SKIPPED
+        return items
 
     async def aclose(self) -> None:
         """Close the stream's iterator."""

@@ -77,6 +77,24 @@ def check_stream_settings(
         raise ValueError("batch_sampler needs a map-style dataset; this dataset is a stream")
 
 
+class SampleError:
+    """What a stream yields in place of a sample it could not read (a broken shard): that
+    sample fails its batch with ``error`` (or, with ``errors="skip"``, is dropped and counted),
+    and the stream goes on.
+
+    Args:
+        error: Why the sample could not be read.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"SampleError({self.error!r})"
+
+
 @dataclass(frozen=True)
 class StreamInfo:
     """What a stream dataset is told while it is iterated (see :func:`stream_info`).

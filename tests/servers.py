@@ -44,6 +44,8 @@ class FaultServer:
         self.faults: Counter[str] = Counter()
         self.streak: Counter[str] = Counter()
         self.stall_s = 1.0
+        self.files: dict[str, bytes] = {}
+        """What ``/files/{name}`` serves (``/files-cut/{name}``: its first half, then a close)."""
 
     def routes(self) -> web.Application:
         app = web.Application()
@@ -61,6 +63,8 @@ class FaultServer:
         app.router.add_get("/echo/{name}", self.echo)
         app.router.add_get("/random/{index}", self.random_faults)
         app.router.add_get("/bomb", self.bomb)
+        app.router.add_get("/files/{name}", self.file)
+        app.router.add_get("/files-cut/{name}", self.file_cut)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -179,6 +183,23 @@ class FaultServer:
         header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)
         png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
         return web.Response(body=png, content_type="image/png")
+
+    async def file(self, request: web.Request) -> web.Response:
+        self._hit(request)
+        data = self.files.get(request.match_info["name"])
+        if data is None:
+            return web.Response(status=404)
+        return web.Response(body=data)
+
+    async def file_cut(self, request: web.Request) -> web.StreamResponse:
+        self._hit(request)
+        data = self.files[request.match_info["name"]]
+        response = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.close()  # the connection ends in the middle of the shard
+        return response
 
     async def echo(self, request: web.Request) -> web.Response:
         self._hit(request)

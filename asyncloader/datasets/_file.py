@@ -19,7 +19,7 @@ import errno
 import io
 import mmap as _mmap
 import os
-from typing import Final
+from typing import IO, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
@@ -100,6 +100,26 @@ class FileDataset:
         location = self.locations[index]
         assert isinstance(location, str)
         return retrying_sync(self.retry, lambda: self._load(location))
+
+    def open_stream(self, index: int, loop: object = None) -> IO[bytes]:
+        """File ``index`` opened for reading front to back (on the calling thread), beneath
+        ``root`` and checked to be a regular file within ``max_bytes``, as an item is."""
+        location = self.locations[index]
+        assert isinstance(location, str)
+
+        def attempt() -> IO[bytes]:
+            try:
+                fd, size = open_regular(location, self.root, self._real_root)
+            except OSError as error:
+                raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
+            try:
+                self._check_size(location, size)
+            except BaseException:
+                os.close(fd)
+                raise
+            return open(fd, "rb")
+
+        return retrying_sync(self.retry, attempt)
 
     def _load(self, location: str) -> bytes | _mmap.mmap:
         try:

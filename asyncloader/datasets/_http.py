@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._settings import check_int, check_timeout
 from ._locations import Locations
+from ._pipe import Pipe
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
 
@@ -30,6 +31,9 @@ DECODED_ENCODINGS: Final = frozenset({"", "identity", "gzip", "x-gzip", "deflate
 says so when that is missing). A body in any other encoding would reach the user undecoded."""
 
 CLOSE_TIMEOUT_S: Final = 5.0
+
+STREAM_BUFFER: Final = 1 << 20
+"""Bytes of a streamed body buffered for its reader before the connection is paused."""
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -209,13 +213,70 @@ class HttpDataset:
         session = self._current() or await self._open_session()
         return await retrying(self.retry, lambda: self._attempt(session, url))
 
-    async def _attempt(self, session: aiohttp.ClientSession, url: str) -> bytes:
+    def open_stream(self, index: int, loop: asyncio.AbstractEventLoop) -> Pipe:
+        """Item ``index``'s body as a file read on a thread, streamed by ``loop``: one GET
+        (redirects, headers, retries and limits as for an item; a failure after the first
+        byte is not retried), paused while :data:`STREAM_BUFFER` bytes wait to be read.
+        ``timeout`` bounds the connection and each wait for data, not the whole body."""
+        url = self.locations[index]
+        assert isinstance(url, str)
+        pipe = Pipe(loop, STREAM_BUFFER)
+        future = asyncio.run_coroutine_threadsafe(self._stream(url, pipe), loop)
+        pipe.on_close = future.cancel
+        return pipe
+
+    async def _stream(self, url: str, pipe: Pipe) -> None:
+        timeout = self._aiohttp.ClientTimeout(sock_connect=self.timeout, sock_read=self.timeout)
+
+        async def fill(response: aiohttp.ClientResponse, url: str) -> None:
+            self._check_encoding(response, url)
+            self._check_declared(response, url)
+            size = 0
+            async for chunk in response.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if self.max_bytes is not None and size > self.max_bytes:
+                    raise AttemptFailed(
+                        ValueError(f"GET {redact_url(url)}: over max_bytes={self.max_bytes}"),
+                        transient=False,
+                    )
+                await pipe.put(chunk)
+
+        async def attempt() -> None:
+            try:
+                await self._attempt(session, url, fill, timeout)
+            except AttemptFailed as failed:
+                failed.transient = failed.transient and not pipe.started  # no bytes twice
+                raise
+
+        try:
+            session = self._current() or await self._open_session()
+            await retrying(self.retry, attempt)
+        except BaseException as error:
+            pipe.finish(error)
+            raise
+        pipe.finish()
+
+    async def _attempt(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        consume: Any = None,
+        timeout: Any = None,
+    ) -> Any:
         aiohttp = self._aiohttp
+        consume = consume or self._body
         try:
             target: str | yarl.URL = url
             headers = self.headers or None
             for hop in range(self.max_redirects + 1):
-                async with session.get(target, allow_redirects=False, headers=headers) as response:
+                request = (
+                    session.get(target, allow_redirects=False, headers=headers)
+                    if timeout is None
+                    else session.get(
+                        target, allow_redirects=False, headers=headers, timeout=timeout
+                    )
+                )
+                async with request as response:
                     status = response.status
                     if status in REDIRECTS:
                         target = self._redirect(response, url, hop)
@@ -228,7 +289,7 @@ class HttpDataset:
                             transient=status in TRANSIENT_STATUSES,
                             retry_after=_retry_after(response.headers.get("Retry-After")),
                         )
-                    return await self._body(response, url)
+                    return await consume(response, url)
             raise AssertionError("unreachable: the last hop raises")  # pragma: no cover
         except AttemptFailed:
             raise
@@ -298,16 +359,28 @@ class HttpDataset:
         return target
 
     async def _body(self, response: aiohttp.ClientResponse, url: str) -> bytes:
+        self._check_encoding(response, url)
+        if self.max_bytes is None:
+            return await response.read()
+        self._check_declared(response, url)
+        return await _read_at_most(response.content, self.max_bytes, url)
+
+    def _check_encoding(self, response: aiohttp.ClientResponse, url: str) -> None:
         encoding = response.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in DECODED_ENCODINGS:
             raise AttemptFailed(
                 OSError(f"GET {redact_url(url)}: unsupported Content-Encoding {encoding[:40]!r}"),
                 transient=False,
             )
-        if self.max_bytes is None:
-            return await response.read()
+
+    def _check_declared(self, response: aiohttp.ClientResponse, url: str) -> None:
+        """Refuse a body whose ``Content-Length`` is over ``max_bytes`` before reading it (an
+        encoded one is checked as it is decoded)."""
         declared = response.content_length
-        if declared is not None and declared > self.max_bytes and encoding in ("", "identity"):
+        encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        if self.max_bytes is None or declared is None or encoding not in ("", "identity"):
+            return
+        if declared > self.max_bytes:
             raise AttemptFailed(
                 ValueError(
                     f"GET {redact_url(url)}: Content-Length {declared} is over "
@@ -315,7 +388,6 @@ class HttpDataset:
                 ),
                 transient=False,
             )
-        return await _read_at_most(response.content, self.max_bytes, url)
 
     async def aclose(self) -> None:
         """Close the sessions: this loop's awaited, another running loop's scheduled on it

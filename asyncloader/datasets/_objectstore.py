@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Iterator
 from typing import Any, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
 from ._redact import redact_text, redact_url
 from ._retry import Retry
+from ._tar import ReadFailed
 
 SCHEMES: Final = (
     "s3://",
@@ -238,5 +240,49 @@ class ObjectStoreDataset:
         except Exception as error:
             raise _translate(error, f"GET {location}") from None
 
+    def open_stream(self, index: int, loop: object = None) -> _Chunks:
+        """Object ``index`` as a file read front to back on the calling thread: one GET whose
+        body streams in as it is read (a byte range is not a shard, and is refused)."""
+        import obstore
+
+        location = self.locations[index]
+        if isinstance(location, tuple):
+            raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
+        try:
+            result = obstore.get(self.store, location)
+        except Exception as error:
+            raise _translate(error, f"GET {location}") from None
+        if self.max_bytes is not None and result.meta["size"] > self.max_bytes:
+            raise ValueError(
+                f"{location!r} is {result.meta['size']} bytes, over max_bytes={self.max_bytes}"
+            )
+        return _Chunks(iter(result.stream(min_chunk_size=1 << 16)), f"GET {location}")
+
     def __repr__(self) -> str:
         return f"ObjectStoreDataset({len(self)} items)"
+
+
+class _Chunks:
+    """A file over an object's streamed chunks (``read`` only, as tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterator[Any], what: str) -> None:
+        self._chunks = chunks
+        self._what = what
+        self._chunk = b""
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self._at >= len(self._chunk):
+            try:
+                self._chunk, self._at = bytes(next(self._chunks)), 0
+            except StopIteration:
+                return b""
+            except Exception as error:
+                raise ReadFailed(str(_translate(error, self._what))) from None
+        start = self._at
+        end = len(self._chunk) if size < 0 else min(len(self._chunk), start + size)
+        self._at = end
+        return self._chunk if start == 0 and end == len(self._chunk) else self._chunk[start:end]
+
+    def close(self) -> None:
+        self._chunks = iter(())

@@ -1,0 +1,383 @@
+"""TarShards (issue 20, points 2, 4, 6): WebDataset tar shards, written here with ``tarfile``,
+read from files, the HTTP fault server and moto's S3 server; the same samples and keys as the
+``webdataset`` package; an order fixed by the shards, the seed and the epoch; broken shards
+failing only their own samples."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import io
+import os
+import tarfile
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import webdataset
+
+from asyncloader import (
+    DataLoader,
+    FileDataset,
+    HttpDataset,
+    ObjectStoreDataset,
+    SampleError,
+    TarShards,
+)
+from asyncloader.datasets._tar import ShardError
+
+from .servers import FaultServer, run_moto
+
+CREDENTIALS: dict[str, Any] = {
+    "access_key_id": "testing",
+    "secret_access_key": "testing",
+    "region": "us-east-1",
+}
+SHARDS, PER_SHARD = 6, 7
+
+
+def member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
+
+
+def shard_bytes(shard: int, count: int = PER_SHARD, compress: bool = False) -> bytes:
+    """Shard ``shard``: samples ``{shard:02d}{i:04d}`` with a ``txt`` and a ``cls`` member."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz" if compress else "w") as archive:
+        for i in range(count):
+            key = f"{shard:02d}{i:04d}"
+            member(archive, f"{key}.txt", f"sample {key}".encode() * (i + 1))
+            member(archive, f"{key}.CLS", str(i).encode())
+    return out.getvalue()
+
+
+def keys_of(shard: int, count: int = PER_SHARD) -> list[str]:
+    return [f"{shard:02d}{i:04d}" for i in range(count)]
+
+
+def round_robin(shards: list[int], interleave: int) -> list[str]:
+    """The order the issue fixes, computed the plain way."""
+    pending = [keys_of(s) for s in shards]
+    open_, out, turn = [pending.pop(0) for _ in range(min(interleave, len(pending)))], [], 0
+    while open_:
+        if not open_[turn]:
+            if pending:
+                open_[turn] = pending.pop(0)
+            else:
+                del open_[turn]
+                turn = turn if turn < len(open_) else 0
+            continue
+        out.append(open_[turn].pop(0))
+        turn = (turn + 1) % len(open_)
+    return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    for shard in range(SHARDS):
+        (root / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard))
+    return root
+
+
+def names(count: int = SHARDS) -> list[str]:
+    return [f"shard-{shard:02d}.tar" for shard in range(count)]
+
+
+def keys(loader: DataLoader) -> list[str]:
+    return [sample["__key__"] for batch in loader for sample in batch]
+
+
+def on_files(folder: Path, **settings: Any) -> TarShards:
+    return TarShards(FileDataset(names(), root=folder), **settings)
+
+
+def test_a_sample_is_the_members_that_share_a_key(folder: Path) -> None:
+    with DataLoader(on_files(folder, interleave=1), batch_size=5, collate_fn=list) as loader:
+        got = [sample for batch in loader for sample in batch]
+    assert [s["__key__"] for s in got] == [k for shard in range(SHARDS) for k in keys_of(shard)]
+    first = got[0]
+    assert first == {
+        "__key__": "000000",
+        "__shard__": "shard-00.tar",  # the location as given
+        "txt": b"sample 000000",
+        "cls": b"0",  # extensions lower-cased, as WebDataset
+    }
+
+
+@pytest.mark.parametrize("interleave", [1, 3, 4, 10])
+def test_the_order_is_a_fixed_round_robin_whatever_num_workers(
+    folder: Path, interleave: int
+) -> None:
+    expected = round_robin(list(range(SHARDS)), interleave)
+    for workers in (0, 1, 4):
+        with DataLoader(
+            on_files(folder, interleave=interleave),
+            batch_size=4,
+            num_workers=workers,
+            cpu_threads=2,
+            collate_fn=list,
+        ) as loader:
+            assert keys(loader) == expected
+
+
+def test_shuffle_permutes_the_shards_by_seed_and_epoch(folder: Path) -> None:
+    def epochs(seed: int) -> list[list[str]]:
+        dataset = on_files(folder, interleave=2, shuffle=True)
+        with DataLoader(dataset, batch_size=8, seed=seed, collate_fn=list) as loader:
+            return [keys(loader) for _ in range(3)]
+
+    first = epochs(5)
+    everything = sorted(k for shard in range(SHARDS) for k in keys_of(shard))
+    assert all(sorted(epoch) == everything for epoch in first)
+    assert first[0] != first[1] != first[2]
+    assert epochs(5) == first
+    assert epochs(6) != first
+
+
+def test_ranks_read_disjoint_shards_whose_union_is_the_epoch(folder: Path) -> None:
+    shares = []
+    for rank in range(3):
+        dataset = on_files(folder, interleave=2, shuffle=True)
+        with DataLoader(
+            dataset, batch_size=4, rank=rank, world_size=3, seed=1, collate_fn=list
+        ) as loader:
+            shares.append(keys(loader))
+    assert all(len(share) == 2 * PER_SHARD for share in shares)
+    union = sorted(k for share in shares for k in share)
+    assert union == sorted(k for shard in range(SHARDS) for k in keys_of(shard))
+
+
+def test_fewer_shards_than_ranks_fails_the_epoch_saying_so(folder: Path) -> None:
+    dataset = TarShards(FileDataset(names(2), root=folder))
+    loader = DataLoader(dataset, batch_size=4, rank=0, world_size=3)
+    with loader, pytest.raises(ValueError, match="2 shards for 3 ranks"):
+        next(iter(loader))
+
+
+def test_webdataset_reads_the_same_samples_with_the_same_keys(folder: Path) -> None:
+    urls = [str(folder / name) for name in names()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # webdataset leaves its files open
+        theirs = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
+        gc.collect()
+    with DataLoader(on_files(folder, interleave=1), batch_size=6, collate_fn=list) as loader:
+        ours = [sample for batch in loader for sample in batch]
+    assert len(ours) == len(theirs) == SHARDS * PER_SHARD
+    for mine, wds in zip(ours, theirs, strict=True):
+        assert mine["__key__"] == wds["__key__"]
+        assert {k: v for k, v in mine.items() if not k.startswith("__")} == {
+            k: v for k, v in wds.items() if not k.startswith("__")
+        }
+
+
+def test_compressed_shards_are_read_too(tmp_path: Path) -> None:
+    (tmp_path / "a.tar.gz").write_bytes(shard_bytes(0, compress=True))
+    dataset = TarShards(FileDataset(["a.tar.gz"], root=tmp_path))
+    with DataLoader(dataset, batch_size=3, collate_fn=list) as loader:
+        assert keys(loader) == keys_of(0)
+
+
+def bad_shards(folder: Path) -> dict[str, bytes]:
+    """A good shard between each bad one."""
+    whole = shard_bytes(1)
+    over = io.BytesIO()
+    with tarfile.open(fileobj=over, mode="w") as archive:
+        member(archive, "000001.txt", b"ok")
+        member(archive, "000002.txt", b"x" * 5000)  # over max_bytes=4096
+    keyless = io.BytesIO()
+    with tarfile.open(fileobj=keyless, mode="w") as archive:
+        member(archive, "000001.txt", b"ok")
+        member(archive, "README", b"no key and extension")
+    return {
+        "good-0.tar": shard_bytes(0),
+        "cut.tar": whole[: len(whole) // 2],
+        "good-2.tar": shard_bytes(2),
+        "html.tar": b"<html>not a tar</html>" * 50,
+        "good-3.tar": shard_bytes(3),
+        "over.tar": over.getvalue(),
+        "good-4.tar": shard_bytes(4),
+        "keyless.tar": keyless.getvalue(),
+    }
+
+
+def test_a_broken_shard_fails_its_own_samples_and_the_epoch_goes_on(tmp_path: Path) -> None:
+    files = bad_shards(tmp_path)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    dataset = TarShards(FileDataset(list(files), root=tmp_path), interleave=1, max_bytes=4096)
+    outcomes: list[Any] = []
+    with DataLoader(dataset, batch_size=None, num_workers=2, collate_fn=None) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                outcomes.append(next(iterator)["__key__"])
+            except StopIteration:
+                break
+            except ShardError as error:
+                outcomes.append(str(error))
+    good = [k for shard in (0, 2, 3, 4) for k in keys_of(shard)]
+    assert [o for o in outcomes if not o.startswith("shard")] == [
+        *keys_of(0),
+        *keys_of(1)[: len([o for o in outcomes if o.startswith("01")])],
+        *keys_of(2),
+        *keys_of(3),
+        "000001",
+        *keys_of(4),
+        "000001",
+    ]
+    errors = [o for o in outcomes if o.startswith("shard")]
+    assert len(errors) == 4
+    cut, html, over, keyless = errors
+    assert "cut.tar" in cut
+    assert "ends early" in cut or "end-of-archive" in cut
+    assert "html.tar" in html
+    assert "not a readable tar" in html
+    assert "over.tar" in over
+    assert "'000002.txt' is 5000 bytes, over max_bytes=4096" in over
+    assert "keyless.tar" in keyless
+    assert "'README' has no key and extension" in keyless
+    assert set(good) <= set(outcomes)
+
+
+def test_broken_shards_are_skipped_and_counted_under_errors_skip(tmp_path: Path) -> None:
+    files = bad_shards(tmp_path)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    dataset = TarShards(FileDataset(list(files), root=tmp_path), max_bytes=4096)
+    with DataLoader(dataset, batch_size=5, num_workers=2, errors="skip", collate_fn=list) as loader:
+        got = keys(loader)
+        assert loader.stats().skipped == 4
+    assert set(got) >= {k for shard in (0, 2, 3, 4) for k in keys_of(shard)}
+
+
+def test_a_shard_that_cannot_be_opened_fails_its_place(tmp_path: Path) -> None:
+    (tmp_path / "a.tar").write_bytes(shard_bytes(0))
+    os.mkfifo(tmp_path / "fifo.tar")
+    dataset = TarShards(FileDataset(["fifo.tar", "missing.tar", "a.tar"], root=tmp_path))
+    with DataLoader(dataset, batch_size=3, errors="skip", collate_fn=list) as loader:
+        assert keys(loader) == keys_of(0)
+        assert loader.stats().skipped == 2
+
+
+def test_break_stops_every_shard_reader(folder: Path) -> None:
+    def shard_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("asyncloader-shard")]
+
+    dataset = on_files(folder, interleave=4, buffer=2)
+    with DataLoader(dataset, batch_size=2, collate_fn=list) as loader:
+        for _ in loader:
+            assert shard_threads()
+            break
+    for thread in shard_threads():
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+@pytest.fixture
+def http_shards(server: FaultServer) -> FaultServer:
+    for shard in range(SHARDS):
+        server.files[f"shard-{shard:02d}.tar"] = shard_bytes(shard)
+    return server
+
+
+def test_shards_stream_over_http_one_request_each(http_shards: FaultServer) -> None:
+    urls = [f"{http_shards.url}/files/{name}" for name in names()]
+    dataset = TarShards(HttpDataset(urls), interleave=3)
+    with DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=list) as loader:
+        assert keys(loader) == round_robin(list(range(SHARDS)), 3)
+    assert all(http_shards.hits[f"/files/{name}"] == 1 for name in names())
+
+
+async def test_shards_stream_over_http_with_async_for(http_shards: FaultServer) -> None:
+    urls = [f"{http_shards.url}/files/{name}" for name in names()]
+    async with DataLoader(
+        TarShards(HttpDataset(urls), interleave=2), batch_size=4, collate_fn=list
+    ) as loader:
+        got = [sample["__key__"] async for batch in loader for sample in batch]
+    assert got == round_robin(list(range(SHARDS)), 2)
+
+
+def test_a_cut_connection_and_a_missing_shard_fail_only_their_shards(
+    http_shards: FaultServer,
+) -> None:
+    urls = [
+        f"{http_shards.url}/files/shard-00.tar",
+        f"{http_shards.url}/files-cut/shard-01.tar",
+        f"{http_shards.url}/files/none.tar",
+        f"{http_shards.url}/files/shard-02.tar",
+    ]
+    dataset = TarShards(HttpDataset(urls), interleave=1)
+    errors: list[str] = []
+    samples: list[str] = []
+    with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                samples.append(next(iterator)["__key__"])
+            except StopIteration:
+                break
+            except OSError as error:
+                errors.append(str(error))
+    assert samples[:PER_SHARD] == keys_of(0)
+    assert samples[-PER_SHARD:] == keys_of(2)
+    assert len(errors) == 2
+    assert "files-cut/shard-01.tar" in errors[0]
+    assert "files/none.tar" in errors[1]
+    assert "HTTP 404" in errors[1]
+    assert http_shards.hits["/files-cut/shard-01.tar"] == 1  # bytes were read: no retry
+
+
+def test_shards_stream_from_s3() -> None:
+    objects = {f"train/{name}": shard_bytes(shard) for shard, name in enumerate(names())}
+    with run_moto("shards", objects) as moto:
+        store = ObjectStoreDataset(
+            "s3://shards/train",
+            names(),
+            endpoint=moto.endpoint,
+            allow_http=True,
+            **CREDENTIALS,
+        )
+        dataset = TarShards(store, interleave=2, shuffle=True)
+        with DataLoader(dataset, batch_size=4, num_workers=2, seed=3, collate_fn=list) as loader:
+            got = keys(loader)
+    everything = sorted(k for shard in range(SHARDS) for k in keys_of(shard))
+    assert sorted(got) == everything
+    assert got != round_robin(list(range(SHARDS)), 2)
+
+
+def test_tar_shards_settings_are_checked(folder: Path) -> None:
+    with pytest.raises(TypeError, match="shards must be"):
+        TarShards([str(folder / "shard-00.tar")])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="interleave"):
+        on_files(folder, interleave=0)
+    with pytest.raises(ValueError, match="buffer"):
+        on_files(folder, buffer=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        on_files(folder, max_bytes=-1)
+
+
+def test_a_sample_error_from_any_stream_fails_only_its_batch() -> None:
+    def stream() -> Iterator[Any]:
+        yield from range(4)
+        yield SampleError(KeyError("sample 4 is gone"))
+        yield from range(5, 12)
+
+    with DataLoader(stream(), batch_size=4) as loader:
+        iterator = iter(loader)
+        assert next(iterator).tolist() == [0, 1, 2, 3]
+        with pytest.raises(KeyError, match="sample 4 is gone"):
+            next(iterator)
+        assert [b.tolist() for b in iterator] == [[8, 9, 10, 11]]
+
+
+def test_iterating_tar_shards_outside_a_loader_reads_them_in_order(folder: Path) -> None:
+    async def read() -> list[str]:
+        return [sample["__key__"] async for sample in on_files(folder, interleave=1)]
+
+    assert asyncio.run(read()) == [k for shard in range(SHARDS) for k in keys_of(shard)]
