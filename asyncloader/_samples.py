@@ -7,9 +7,11 @@ benchmark suite and the tests read from it (:func:`asyncloader.testing.serve_sam
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
+import tarfile
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +28,24 @@ def sample(index: int, floats: int = SAMPLE_FLOATS) -> bytes:
     return np.full(floats, index, dtype=np.float32).tobytes()
 
 
+SHARD_SAMPLES = 1000
+"""Samples in each shard the server sends."""
+
+
+def shard(number: int, floats: int = SAMPLE_FLOATS, samples: int = SHARD_SAMPLES) -> bytes:
+    """Shard ``number`` as the server sends it: a WebDataset tar whose sample
+    ``{number:06d}{i:04d}`` has one member, ``.bin``: :func:`sample` of its place in all
+    the shards."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for i in range(samples):
+            data = sample(number * samples + i, floats)
+            info = tarfile.TarInfo(f"{number:06d}{i:04d}.bin")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 class _SampleServer(asyncio.Protocol):
     """One connection of the sample server: HTTP/1.1 GETs, answered after the latency.
 
@@ -36,6 +56,9 @@ class _SampleServer(asyncio.Protocol):
 
     in_flight = 0
     peak = 0
+
+    shards: dict[int, bytes] = {}
+    """The shards served, made when the server starts."""
 
     def __init__(self, latency_s: float, floats: int) -> None:
         self.latency_s = latency_s
@@ -58,25 +81,36 @@ class _SampleServer(asyncio.Protocol):
                 continue
             _SampleServer.in_flight += 1
             _SampleServer.peak = max(_SampleServer.peak, _SampleServer.in_flight)
-            loop.call_later(self.latency_s, self.respond, int(path.rsplit(b"/", 1)[1]))
+            name = path.rsplit(b"/", 1)[1]
+            if path.startswith(b"/shards/"):
+                number = int(name.removesuffix(b".tar"))
+                loop.call_later(self.latency_s, self.respond, _SampleServer.shards.get(number))
+            else:
+                loop.call_later(self.latency_s, self.respond, sample(int(name), self.floats))
 
-    def respond(self, index: int) -> None:
+    def respond(self, payload: bytes | None) -> None:
         _SampleServer.in_flight -= 1
-        self.send(sample(index, self.floats))
+        if payload is None:
+            self.send(b"no such shard", status="404 Not Found")
+        else:
+            self.send(payload)
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes, status: str = "200 OK") -> None:
         if self.transport is not None and not self.transport.is_closing():
-            header = f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-            self.transport.write(header + payload)
+            header = f"HTTP/1.1 {status}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            self.transport.write(header)
+            self.transport.write(payload)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
 
 
-def serve_forever(latency_s: float, floats: int = SAMPLE_FLOATS) -> None:
+def serve_forever(latency_s: float, floats: int = SAMPLE_FLOATS, shards: int = 0) -> None:
     """The server process: on 127.0.0.1 (uvloop when installed), it answers
-    ``GET /samples/{index}`` with :func:`sample` after ``latency_s`` and ``GET /stats`` with
-    the most requests it has had in flight; prints its port, serves until terminated."""
+    ``GET /samples/{index}`` with :func:`sample` and ``GET /shards/{number}.tar`` with
+    :func:`shard` (for ``number`` below ``shards``) after ``latency_s``, and ``GET /stats``
+    with the most requests it has had in flight; prints its port, serves until terminated."""
+    _SampleServer.shards = {number: shard(number, floats) for number in range(shards)}
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
@@ -95,10 +129,16 @@ def serve_forever(latency_s: float, floats: int = SAMPLE_FLOATS) -> None:
 
 
 @contextmanager
-def serve_samples(latency_s: float, floats: int = SAMPLE_FLOATS) -> Iterator[str]:
+def serve_samples(
+    latency_s: float, floats: int = SAMPLE_FLOATS, shards: int = 0
+) -> Iterator[str]:
     """Run a sample server in a process of its own (so it takes no CPU from the loader's
-    interpreter, as a real remote server would not); yield its base URL."""
-    code = f"from asyncloader._samples import serve_forever; serve_forever({latency_s!r}, {floats})"
+    interpreter, as a real remote server would not); yield its base URL. With ``shards``, it
+    also serves that many WebDataset shards of :data:`SHARD_SAMPLES` samples each."""
+    code = (
+        "from asyncloader._samples import serve_forever; "
+        f"serve_forever({latency_s!r}, {floats}, {shards})"
+    )
     with serve_in_process(code) as url:
         yield url
 

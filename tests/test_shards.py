@@ -28,6 +28,7 @@ from asyncloader import (
     TarShards,
 )
 from asyncloader.datasets._tar import ShardError
+from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .servers import FaultServer, run_moto
 
@@ -381,3 +382,104 @@ def test_iterating_tar_shards_outside_a_loader_reads_them_in_order(folder: Path)
         return [sample["__key__"] async for sample in on_files(folder, interleave=1)]
 
     assert asyncio.run(read()) == [k for shard in range(SHARDS) for k in keys_of(shard)]
+
+
+class Counted(FileDataset):
+    """A FileDataset that counts the shards opened."""
+
+    opened = 0
+
+    def open_stream(self, index: int, loop: object = None) -> Any:
+        type(self).opened += 1
+        return super().open_stream(index, loop)
+
+
+def mixed(folder: Path, **settings: Any) -> TarShards:
+    return TarShards(
+        Counted(names(), root=folder), interleave=2, shuffle=True, shuffle_buffer=9, **settings
+    )
+
+
+def test_the_shuffle_buffer_mixes_samples_the_same_way_whatever_num_workers(
+    folder: Path,
+) -> None:
+    runs = []
+    for workers in (0, 3):
+        with DataLoader(
+            mixed(folder), batch_size=5, num_workers=workers, seed=4, collate_fn=list
+        ) as loader:
+            runs.append([keys(loader), keys(loader)])
+    assert runs[0] == runs[1]
+    (first, second), _ = runs
+    with DataLoader(
+        TarShards(FileDataset(names(), root=folder), interleave=2, shuffle=True),
+        batch_size=5,
+        seed=4,
+        collate_fn=list,
+    ) as loader:
+        unmixed = keys(loader)
+    assert sorted(first) == sorted(unmixed)
+    assert first != unmixed
+    assert first != second
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_checkpoint_of_tar_shards_resumes_exactly(folder: Path, mode: str) -> None:
+    def make() -> DataLoader:
+        return DataLoader(
+            mixed(folder),
+            batch_size=4,
+            num_workers=2,
+            seed=11,
+            collate_fn=lambda samples: [s["__key__"] for s in samples],
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "reads again" warning: the walk is restored
+        assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) > 20
+
+
+def test_resume_reads_only_the_open_shards_and_the_buffers(folder: Path) -> None:
+    with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:
+        iterator: Any = iter(loader)
+        for _ in range(6):
+            next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    walk = state["source"]
+    assert len(walk["slots"]) == 2
+    assert len(walk["buffered"]) == 9
+    Counted.opened = 0
+    restored = DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list)
+    with restored:
+        restored.load_state_dict(state)
+        next(iter(restored))
+    buffered_shards = {p for p, _ in walk["buffered"]}
+    assert Counted.opened <= 2 + len(buffered_shards)
+
+
+def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) -> None:
+    with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:
+        iterator: Any = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    walk = state["source"]
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"format": 2}, "format"),
+        ({"opened": 99}, "opened"),
+        ({"slots": [[0, 1], [0, 2]]}, "slots"),
+        ({"slots": [[0, 1], [1, 1], [2, 0]]}, "slots"),
+        ({"turn": 5}, "turn"),
+        ({"buffered": [[0, 0]] * 2}, "buffered"),
+        ({"buffered": [[walk["slots"][0][0], 10**6]]}, "not yet taken"),
+        ({"buffered": [[0, 0]] * 10}, "shuffle_buffer"),
+        ({"rng": [3, ["x"], None]}, "rng"),
+        ({"rank": 1}, "rank"),
+        ({"slots": "nope"}, "slots"),
+    ]
+    for change, match in changes:
+        restored = DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list)
+        with pytest.raises(ValueError, match=match):
+            restored.load_state_dict({**state, "source": {**walk, **change}})
+        assert restored.state_dict()["batches_received"] == 0  # left as it was

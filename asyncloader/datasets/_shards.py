@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Final, Protocol
 
@@ -27,6 +26,7 @@ from .._stream import SampleError, StreamInfo, stream_info
 from ._http import _check_max_bytes
 from ._redact import redact_url
 from ._tar import Readable, ShardError, samples
+from ._walk import Walk, check_walk
 
 _END: Final = object()
 
@@ -58,9 +58,11 @@ class _Reader:
         loop: asyncio.AbstractEventLoop,
         buffer: int,
         max_bytes: int | None,
+        skip: int = 0,
     ) -> None:
         self._source, self._index, self._loop = source, index, loop
         self._max_bytes = max_bytes
+        self._skip = skip
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._room = threading.Semaphore(buffer)
         self._cancelled = False
@@ -107,8 +109,8 @@ class _Reader:
                     return
                 self._file = file
             try:
-                for sample in samples(file, self.name, self._max_bytes):
-                    if not self._deliver(sample):
+                for position, sample in enumerate(samples(file, self.name, self._max_bytes)):
+                    if position >= self._skip and not self._deliver(sample):
                         return
             finally:
                 file.close()
@@ -135,11 +137,18 @@ class TarShards:
         interleave: Shards read at once, their samples taken in turn. It fixes the order, so
             it is a setting of its own, not ``num_workers``.
         shuffle: Permute the shards every epoch from the loader's ``(seed, epoch)``.
+        shuffle_buffer: Mix the samples in a buffer of this many: each sample that arrives
+            takes the place of one drawn at random from ``(seed, epoch)``, which comes out
+            (``0``: no buffer).
         buffer: Samples read ahead of the round-robin, per open shard.
         max_bytes: The largest member accepted (checked from its header before it is read).
 
     Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
     of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.
+
+    Resume: :meth:`state_dict` is the epoch's walk (:mod:`._walk`), which the loader saves
+    after each batch received; a loader restored from it reads only the open shards and the
+    buffer's samples again, not the epoch.
     """
 
     def __init__(
@@ -148,6 +157,7 @@ class TarShards:
         *,
         interleave: int = 4,
         shuffle: bool = False,
+        shuffle_buffer: int = 0,
         buffer: int = 64,
         max_bytes: int | None = None,
     ) -> None:
@@ -159,8 +169,11 @@ class TarShards:
         self.shards = shards
         self.interleave = check_int("interleave", interleave, 1)
         self.shuffle = check_bool("shuffle", shuffle)
+        self.shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, 0)
         self.buffer = check_int("buffer", buffer, 1)
         self.max_bytes = _check_max_bytes(max_bytes)
+        self._walk: Walk | None = None
+        self._loaded: Walk | None = None
 
     def order(self, info: StreamInfo) -> list[int]:
         """The shards this rank reads in the epoch ``info`` names, in order.
@@ -178,31 +191,111 @@ class TarShards:
             order = np.random.default_rng([info.seed, info.epoch]).permutation(count).tolist()
         return order[info.rank :: info.world_size]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch being read is (``{}`` between epochs): JSON-serialisable."""
+        walk = self._walk or self._loaded
+        return walk.state() if walk is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next epoch of the same number continue from ``state``.
+
+        Raises:
+            ValueError: The state is not one these settings could have saved (the message
+                names the field); nothing changed.
+        """
+        self._loaded = check_walk(state, self.interleave, self.shuffle_buffer) if state else None
+
+    def _begin(self, info: StreamInfo, order: list[int]) -> Walk:
+        loaded, self._loaded = self._loaded, None
+        here = (info.epoch, info.seed, info.rank, info.world_size, len(order))
+        if loaded is not None:
+            saved = (loaded.epoch, loaded.seed, loaded.rank, loaded.world_size, loaded.shards)
+            if saved[0] == info.epoch:
+                if saved != here:
+                    raise ValueError(
+                        f"TarShards state (epoch, seed, rank, world_size, shards) {saved} "
+                        f"differs from this epoch's {here}"
+                    )
+                return loaded
+        return Walk.start(*here, self.interleave)
+
     async def __aiter__(self) -> AsyncIterator[Any]:
         info = stream_info() or StreamInfo(0, 1, 0, 0, 0)
-        pending = deque(self.order(info))
+        order = self.order(info)
+        walk = self._walk = self._begin(info, order)
         loop = asyncio.get_running_loop()
 
-        def start() -> _Reader:
-            return _Reader(self.shards, pending.popleft(), loop, self.buffer, self.max_bytes)
+        def start(position: int, skip: int = 0) -> _Reader:
+            shard = order[position]
+            return _Reader(self.shards, shard, loop, self.buffer, self.max_bytes, skip)
 
-        open_: list[_Reader] = [start() for _ in range(min(self.interleave, len(pending)))]
-        turn = 0
+        readers = [start(p, taken) for p, taken in walk.slots]
         try:
-            while open_:
-                item = await open_[turn].next()
+            pool = await self._refill(walk, start)
+            size, rng = self.shuffle_buffer, walk.rng
+            assert rng is not None
+            while walk.slots:
+                turn = walk.turn
+                item = await readers[turn].next()
                 if item is _END:
-                    if pending:
-                        open_[turn] = start()
+                    if walk.opened < walk.shards:
+                        readers[turn] = start(walk.opened)
+                        walk.slots[turn] = [walk.opened, 0]
+                        walk.opened += 1
                     else:
-                        del open_[turn]
-                        turn = turn if turn < len(open_) else 0
+                        del readers[turn], walk.slots[turn]
+                        walk.turn = turn if turn < len(walk.slots) else 0
                     continue
-                yield item
-                turn = (turn + 1) % len(open_)
+                place = [walk.slots[turn][0], walk.slots[turn][1]]
+                walk.slots[turn][1] += 1
+                walk.turn = (turn + 1) % len(walk.slots)
+                if size == 0:
+                    yield item
+                elif len(pool) < size:
+                    pool.append(item)
+                    walk.buffered.append(place)
+                else:
+                    drawn = rng.randrange(size)
+                    item, pool[drawn] = pool[drawn], item
+                    walk.buffered[drawn] = place
+                    yield item
+            while pool:  # the shards are done: the buffer empties in a random order
+                drawn = rng.randrange(len(pool))
+                pool[drawn], pool[-1] = pool[-1], pool[drawn]
+                walk.buffered[drawn], walk.buffered[-1] = walk.buffered[-1], walk.buffered[drawn]
+                walk.buffered.pop()
+                yield pool.pop()
         finally:
-            for reader in open_:
+            for reader in readers:
                 reader.cancel()
+            if self._walk is walk:
+                self._walk = None
+
+    async def _refill(self, walk: Walk, start: Any) -> list[Any]:
+        """The shuffle buffer's samples of a resumed walk, read again from their shards."""
+        wanted: dict[int, set[int]] = {}
+        for p, i in walk.buffered:
+            wanted.setdefault(p, set()).add(i)
+
+        async def read(p: int) -> dict[int, Any]:
+            reader: _Reader = start(p)
+            found: dict[int, Any] = {}
+            try:
+                for i in range(max(wanted[p]) + 1):
+                    item = await reader.next()
+                    if item is _END:
+                        raise ValueError(
+                            f"TarShards state: shard {reader.name} has {i} samples, not the "
+                            f"{max(wanted[p]) + 1} the state names (did it change?)"
+                        )
+                    if i in wanted[p]:
+                        found[i] = item
+            finally:
+                reader.cancel()
+            return found
+
+        found = dict(zip(wanted, await asyncio.gather(*(read(p) for p in wanted)), strict=True))
+        return [found[p][i] for p, i in walk.buffered]
 
     def __repr__(self) -> str:
         return f"TarShards({len(self.shards)} shards, interleave={self.interleave})"
