@@ -15,7 +15,7 @@ import tarfile
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class _SampleServer(asyncio.Protocol):
     in_flight = 0
     peak = 0
 
-    shards: dict[int, bytes] = {}
+    shards: ClassVar[dict[int, bytes]] = {}
     """The shards served, made when the server starts."""
 
     def __init__(self, latency_s: float, floats: int) -> None:
@@ -129,9 +129,7 @@ def serve_forever(latency_s: float, floats: int = SAMPLE_FLOATS, shards: int = 0
 
 
 @contextmanager
-def serve_samples(
-    latency_s: float, floats: int = SAMPLE_FLOATS, shards: int = 0
-) -> Iterator[str]:
+def serve_samples(latency_s: float, floats: int = SAMPLE_FLOATS, shards: int = 0) -> Iterator[str]:
     """Run a sample server in a process of its own (so it takes no CPU from the loader's
     interpreter, as a real remote server would not); yield its base URL. With ``shards``, it
     also serves that many WebDataset shards of :data:`SHARD_SAMPLES` samples each."""

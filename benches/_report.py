@@ -281,6 +281,46 @@ def sections(results: dict[str, Any]) -> tuple[list[str], list[Goal]]:
             goals.append(
                 (f"(e) {name} ÷ plain read loop", _ratio(per_s("e", name), plain), "≥", 0.9)
             )
+    if "h" in work:
+        rows = work["h"]
+        shard_notes: dict[str, dict[str, str]] = {}
+        for name in rows:
+            moto = name.endswith(", moto")
+            bare = per_s("h", "bare aiohttp, moto" if moto else "bare aiohttp")
+            peer = per_s("h", f"webdataset + torch num_workers=8{', moto' if moto else ''}")
+            shard_notes[name] = {
+                "of the bare stream": _fmt(_ratio(rows[name]["per_s"], bare)),
+                "× webdataset nw=8": _fmt(_ratio(rows[name]["per_s"], peer)),
+            }
+        out.append(
+            "### (h) WebDataset tar shards, 16 KiB samples, 1,000 a shard\n\n"
+            "16 shards, each read 4 times from the sample server (20 ms before each "
+            "response) and 3 times from moto's S3 server. asyncloader: `TarShards` over "
+            "`HttpDataset` (or `ObjectStoreDataset`), `interleave=4`, `num_workers=4`, "
+            "batch 64, samples as dicts of bytes (no decoding). Peers: the `webdataset` "
+            "package in torch's `DataLoader` (curl per shard, shards split over the "
+            "workers); asyncloader's `HttpDataset` with a request per sample, 64 in flight; "
+            "a bare aiohttp loop that streams the shards whole, 4 at once, and parses "
+            "nothing.\n\n" + _table(rows, list(rows), "samples/s", shard_notes)
+        )
+        for moto in ("", ", moto"):
+            tar = per_s("h", f"asyncloader{moto}")
+            goals.append(
+                (
+                    f"(h) TarShards{moto} ÷ webdataset + torch num_workers=8",
+                    _ratio(tar, per_s("h", f"webdataset + torch num_workers=8{moto}")),
+                    "≥",
+                    2.0,
+                )
+            )
+            goals.append(
+                (
+                    f"(h) TarShards{moto} ÷ the bare streaming loop",
+                    _ratio(tar, per_s("h", f"bare aiohttp{moto}")),
+                    "≥",
+                    0.9,
+                )
+            )
     out.insert(0, f"Medians of {repeats} runs per system, each a fresh process.")
     return out, goals
 

@@ -36,6 +36,7 @@ from asyncloader import (
     HttpDataset,
     ImageCollator,
     ObjectStoreDataset,
+    TarShards,
     Template,
     default_collate,
 )
@@ -416,12 +417,58 @@ def files(system: str, spec: Spec) -> dict[str, Any]:
     return clock.result(unit=2**20)
 
 
+# (h) WebDataset tar shards, 16 KiB samples, behind 20 ms or on moto --------------------
+
+
+SAMPLE_BYTES = 16 * 1024
+
+
+def shards(system: str, spec: Spec) -> dict[str, Any]:
+    urls: list[str] = spec["urls"]
+    clock = Clock()
+    if system == "asyncloader":
+        source: Any = (
+            HttpDataset(urls)
+            if "bucket" not in spec
+            else ObjectStoreDataset(f"s3://{spec['bucket']}", spec["keys"], **spec["store_options"])
+        )
+        data = TarShards(source, interleave=spec["in_flight"])
+        with DataLoader(
+            data, batch_size=64, num_workers=spec["num_workers"], collate_fn=list
+        ) as loader:
+            clock.drain(loader)
+    elif system == "asyncloader, a request per sample":
+        per_sample = HttpDataset(Template(spec["url"] + "/samples/{index}"), length=spec["items"])
+        with DataLoader(
+            per_sample, batch_size=64, num_workers=16, item_concurrency=4, collate_fn=list
+        ) as loader:
+            clock.drain(loader)
+    elif system == "bare aiohttp":
+        import uvloop
+
+        from _bare import stream_whole
+
+        clock = Clock(first_items=64)
+        uvloop.run(stream_whole(urls, spec["in_flight"], SAMPLE_BYTES + 512, clock.batch))
+    else:  # the webdataset package in torch's worker processes (curl per shard)
+        import webdataset
+
+        dataset = webdataset.WebDataset(urls, shardshuffle=False, empty_check=False)
+        clock.drain(
+            torch.utils.data.DataLoader(
+                dataset, batch_size=64, num_workers=spec["num_workers"], collate_fn=list
+            )
+        )
+    return clock.result()
+
+
 WORKLOADS: dict[str, Callable[[str, Spec], dict[str, Any]]] = {
     "tiny": tiny,
     "http": http,
     "images": images,
     "s3": s3,
     "files": files,
+    "shards": shards,
 }
 
 

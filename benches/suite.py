@@ -7,7 +7,9 @@ measured in the same run is the reference); (c) JPEG decode + augmentation on 1,
 threads (limit: threads x the single-core rate of the chain in a plain loop, at most 2
 cores); (d) S3 on moto, 16 KiB objects (limit: obstore called directly); (e) 4 MiB files
 (limit: a plain read loop); (f) the time to the first batch and (g) the peak memory of all
-processes, of every run.
+processes, of every run; (h) WebDataset tar shards of 16 KiB samples behind 20 ms and on moto
+(TarShards against the webdataset package in torch's workers, against one request per sample,
+and against a bare aiohttp loop that streams the shards whole).
 
 Every run is a fresh process (``_run.py``), so start-up, first batch and memory are its own;
 the systems take turns run by run, and each figure is the median of ``--repeats`` runs, quoted
@@ -45,6 +47,9 @@ DOCS = HERE.parent / "docs"
 LATENCY_S = 0.020
 IN_FLIGHT = (16, 64, 128, 256)
 THREADS = (1, 2, 4)
+SHARDS = 16
+SHARDS_OPEN = 4
+"""(h): TarShards' interleave, and the bare loop's streams at once."""
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KEEP_FREED_MEMORY = {
     "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
@@ -164,8 +169,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def moto_bucket(count: int, size: int) -> Iterator[dict[str, Any]]:
-    """moto's S3 server in a process of its own, with ``count`` objects of ``size`` bytes."""
+def moto_bucket(
+    count: int, size: int, objects: dict[str, bytes] | None = None
+) -> Iterator[dict[str, Any]]:
+    """moto's S3 server in a process of its own, with ``count`` objects of ``size`` bytes
+    (or the ``objects`` given)."""
     import boto3
 
     port = _free_port()
@@ -191,12 +199,14 @@ def moto_bucket(count: int, size: int) -> Iterator[dict[str, Any]]:
         )
         client.create_bucket(Bucket="bench")
         blob = os.urandom(size)
-        keys = [f"o/{i:05d}" for i in range(count)]
-        for key in keys:
-            client.put_object(Bucket="bench", Key=key, Body=blob)
+        if objects is None:
+            objects = {f"o/{i:05d}": blob for i in range(count)}
+        for key, body in objects.items():
+            client.put_object(Bucket="bench", Key=key, Body=body)
         client.close()
         yield {
-            "keys": keys,
+            "keys": list(objects),
+            "endpoint": endpoint,
             "options": {
                 "endpoint": endpoint,
                 "allow_http": True,
@@ -305,11 +315,45 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
         runs.append({**kept, "system": "plain loop, batches held"})
         runs.append({**base, "system": "torch", "num_workers": 2})
         workloads.append(("e", runs))
+    if "h" in only:
+        from asyncloader._samples import shard
+
+        # 16 shards of 1,000 samples of 16 KiB, each read 4 times (3 times from moto).
+        url = stack.enter_context(serve_samples(LATENCY_S, 16 * 1024 // 4, shards=SHARDS))
+        urls = [f"{url}/shards/{n}.tar" for n in range(SHARDS)] * 4
+        base = {"workload": "shards", "url": url, "urls": urls, "in_flight": SHARDS_OPEN}
+        objects = {f"shards/{n:04d}.tar": shard(n, 16 * 1024 // 4) for n in range(SHARDS)}
+        bucket = stack.enter_context(moto_bucket(0, 0, objects))
+        keys = list(objects) * 3
+        moto = {
+            **base,
+            "urls": [f"{bucket['endpoint']}/bench/{key}" for key in keys],
+            "keys": keys,
+            "bucket": "bench",
+            "store_options": bucket["options"],
+            "on": "moto",
+        }
+        runs = []
+        for where in (base, moto):
+            runs += [
+                {**where, "system": "asyncloader", "num_workers": 4},
+                {**where, "system": "bare aiohttp"},
+                {**where, "system": "webdataset", "num_workers": 2},
+                {**where, "system": "webdataset", "num_workers": 8},
+            ]
+        # One request per sample, 64 in flight, for 3 s at their limit.
+        runs.append({**base, "system": "asyncloader, a request per sample", "items": 9600})
+        workloads.append(("h", runs))
     return workloads
 
 
 def label(spec: dict[str, Any]) -> str:
     """A run's system and setting, as tables show it."""
+    if spec["workload"] == "shards":
+        where = ", moto" if spec.get("on") == "moto" else ""
+        if spec["system"] == "webdataset":
+            return f"webdataset + torch num_workers={spec['num_workers']}{where}"
+        return f"{spec['system']}{where}"
     if spec["workload"] == "http" and spec["system"] == "asyncloader":
         if spec["item_concurrency"] == 4:  # the series of the plot
             return f"asyncloader @{spec['in_flight']}"
@@ -333,7 +377,7 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="a,b,c,d,e", help="workloads, e.g. a,c")
+    parser.add_argument("--only", default="a,b,c,d,e,h", help="workloads, e.g. a,c")
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {"repeats": args.repeats, "workloads": {}}

@@ -238,7 +238,7 @@ def test_a_broken_shard_fails_its_own_samples_and_the_epoch_goes_on(tmp_path: Pa
     assert "cut.tar" in cut
     assert "ends early" in cut or "end-of-archive" in cut
     assert "html.tar" in html
-    assert "not a readable tar" in html
+    assert "not a tar" in html
     assert "over.tar" in over
     assert "'000002.txt' is 5000 bytes, over max_bytes=4096" in over
     assert "keyless.tar" in keyless
@@ -278,6 +278,7 @@ def test_break_stops_every_shard_reader(folder: Path) -> None:
     for thread in shard_threads():
         thread.join(10)
         assert not thread.is_alive()
+    gc.collect()  # a file left open by a cancelled read would warn here (an error in tests)
 
 
 @pytest.fixture
@@ -389,9 +390,9 @@ class Counted(FileDataset):
 
     opened = 0
 
-    def open_stream(self, index: int, loop: object = None) -> Any:
+    async def stream(self, index: int, sink: Any, blocking: Any) -> None:
         type(self).opened += 1
-        return super().open_stream(index, loop)
+        await super().stream(index, sink, blocking)
 
 
 def mixed(folder: Path, **settings: Any) -> TarShards:
@@ -474,7 +475,7 @@ def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) ->
         ({"buffered": [[0, 0]] * 2}, "buffered"),
         ({"buffered": [[walk["slots"][0][0], 10**6]]}, "not yet taken"),
         ({"buffered": [[0, 0]] * 10}, "shuffle_buffer"),
-        ({"rng": [3, ["x"], None]}, "rng"),
+        ({"draws": -1}, "draws"),
         ({"rank": 1}, "rank"),
         ({"slots": "nope"}, "slots"),
     ]

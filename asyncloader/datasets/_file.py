@@ -19,12 +19,15 @@ import errno
 import io
 import mmap as _mmap
 import os
+import threading
+from collections.abc import Callable
 from typing import IO, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
 from ._open import open_regular
 from ._retry import AttemptFailed, Retry, retrying_sync
+from ._streaming import STREAM_CHUNK, Blocking, Sink
 
 _TRANSIENT_ERRNOS: Final = frozenset({errno.EINTR, errno.EAGAIN, errno.ETIMEDOUT})
 
@@ -101,25 +104,32 @@ class FileDataset:
         assert isinstance(location, str)
         return retrying_sync(self.retry, lambda: self._load(location))
 
-    def open_stream(self, index: int, loop: object = None) -> IO[bytes]:
-        """File ``index`` opened for reading front to back (on the calling thread), beneath
-        ``root`` and checked to be a regular file within ``max_bytes``, as an item is."""
+    async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
+        """File ``index``, chunk by chunk into ``sink``: opened beneath ``root`` and checked to
+        be a regular file within ``max_bytes`` as an item is, each read a ``blocking`` call."""
         location = self.locations[index]
         assert isinstance(location, str)
+        file = _Shared()
+        try:
+            await blocking(
+                file.open, lambda: retrying_sync(self.retry, lambda: self._open(location))
+            )
+            while chunk := await blocking(file.read, STREAM_CHUNK):
+                await sink(chunk)
+        finally:
+            file.close()
 
-        def attempt() -> IO[bytes]:
-            try:
-                fd, size = open_regular(location, self.root, self._real_root)
-            except OSError as error:
-                raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
-            try:
-                self._check_size(location, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            return open(fd, "rb")
-
-        return retrying_sync(self.retry, attempt)
+    def _open(self, location: str) -> IO[bytes]:
+        try:
+            fd, size = open_regular(location, self.root, self._real_root)
+        except OSError as error:
+            raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
+        try:
+            self._check_size(location, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return open(fd, "rb", buffering=0)
 
     def _load(self, location: str) -> bytes | _mmap.mmap:
         try:
@@ -156,3 +166,42 @@ class FileDataset:
     def __repr__(self) -> str:
         mapped = ", mmap=True" if self.mmap else ""
         return f"FileDataset({len(self)} items, root={self.root!r}{mapped})"
+
+
+class _Shared:
+    """A file opened and read on other threads, closed from the loop: a stream cancelled while
+    its open or read runs closes the file once that call returns, never under it (a closed
+    descriptor's number can be reused by the next file opened)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._busy = False
+        self._closed = False
+
+    def open(self, opener: Callable[[], IO[bytes]]) -> None:
+        file = opener()
+        with self._lock:
+            if not self._closed:
+                self._file = file
+                return
+        file.close()
+
+    def read(self, size: int) -> bytes:
+        with self._lock:
+            if self._closed or self._file is None:
+                return b""
+            self._busy, file = True, self._file
+        try:
+            return file.read(size)
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._closed:
+                    file.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._file is not None and not self._busy:
+                self._file.close()

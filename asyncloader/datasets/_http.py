@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._settings import check_int, check_timeout
 from ._locations import Locations
-from ._pipe import Pipe
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
+from ._streaming import Blocking, Sink
 
 if TYPE_CHECKING:
     import aiohttp
@@ -31,9 +31,6 @@ DECODED_ENCODINGS: Final = frozenset({"", "identity", "gzip", "x-gzip", "deflate
 says so when that is missing). A body in any other encoding would reach the user undecoded."""
 
 CLOSE_TIMEOUT_S: Final = 5.0
-
-STREAM_BUFFER: Final = 1 << 20
-"""Bytes of a streamed body buffered for its reader before the connection is paused."""
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -213,48 +210,42 @@ class HttpDataset:
         session = self._current() or await self._open_session()
         return await retrying(self.retry, lambda: self._attempt(session, url))
 
-    def open_stream(self, index: int, loop: asyncio.AbstractEventLoop) -> Pipe:
-        """Item ``index``'s body as a file read on a thread, streamed by ``loop``: one GET
-        (redirects, headers, retries and limits as for an item; a failure after the first
-        byte is not retried), paused while :data:`STREAM_BUFFER` bytes wait to be read.
-        ``timeout`` bounds the connection and each wait for data, not the whole body."""
+    async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
+        """Item ``index``'s body, chunk by chunk into ``sink`` (which may wait, pausing the
+        connection): one GET, with the redirects, headers, retries and limits of an item; a
+        failure after the first byte is not retried (the bytes would come twice).
+        ``timeout`` bounds the connection and each wait for data, not the whole body, and
+        aiohttp pauses it while ``sink`` waits. ``blocking`` is not needed."""
         url = self.locations[index]
         assert isinstance(url, str)
-        pipe = Pipe(loop, STREAM_BUFFER)
-        future = asyncio.run_coroutine_threadsafe(self._stream(url, pipe), loop)
-        pipe.on_close = future.cancel
-        return pipe
-
-    async def _stream(self, url: str, pipe: Pipe) -> None:
         timeout = self._aiohttp.ClientTimeout(sock_connect=self.timeout, sock_read=self.timeout)
+        started = False
 
         async def fill(response: aiohttp.ClientResponse, url: str) -> None:
+            nonlocal started
             self._check_encoding(response, url)
             self._check_declared(response, url)
             size = 0
-            async for chunk in response.content.iter_chunked(1 << 16):
+            # As the connection delivered them: no chunk is joined to another (a copy).
+            async for chunk, _ in response.content.iter_chunks():
                 size += len(chunk)
                 if self.max_bytes is not None and size > self.max_bytes:
                     raise AttemptFailed(
                         ValueError(f"GET {redact_url(url)}: over max_bytes={self.max_bytes}"),
                         transient=False,
                     )
-                await pipe.put(chunk)
+                started = True
+                await sink(chunk)
 
         async def attempt() -> None:
             try:
                 await self._attempt(session, url, fill, timeout)
             except AttemptFailed as failed:
-                failed.transient = failed.transient and not pipe.started  # no bytes twice
+                failed.transient = failed.transient and not started
                 raise
 
-        try:
-            session = self._current() or await self._open_session()
-            await retrying(self.retry, attempt)
-        except BaseException as error:
-            pipe.finish(error)
-            raise
-        pipe.finish()
+        session = self._current() or await self._open_session()
+        await retrying(self.retry, attempt)
 
     async def _attempt(
         self,

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Iterator
 from typing import Any, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
 from ._redact import redact_text, redact_url
 from ._retry import Retry
-from ._tar import ReadFailed
+from ._streaming import STREAM_CHUNK, Blocking, Sink
 
 SCHEMES: Final = (
     "s3://",
@@ -240,49 +239,32 @@ class ObjectStoreDataset:
         except Exception as error:
             raise _translate(error, f"GET {location}") from None
 
-    def open_stream(self, index: int, loop: object = None) -> _Chunks:
-        """Object ``index`` as a file read front to back on the calling thread: one GET whose
-        body streams in as it is read (a byte range is not a shard, and is refused)."""
+    async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
+        """Object ``index``, chunk by chunk into ``sink``: one GET whose body streams in as
+        ``sink`` takes it (a byte range is not a shard, and is refused)."""
         import obstore
 
         location = self.locations[index]
         if isinstance(location, tuple):
             raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
+        what = f"GET {location}"
         try:
-            result = obstore.get(self.store, location)
+            result = await obstore.get_async(self.store, location)
         except Exception as error:
-            raise _translate(error, f"GET {location}") from None
+            raise _translate(error, what) from None
         if self.max_bytes is not None and result.meta["size"] > self.max_bytes:
             raise ValueError(
                 f"{location!r} is {result.meta['size']} bytes, over max_bytes={self.max_bytes}"
             )
-        return _Chunks(iter(result.stream(min_chunk_size=1 << 16)), f"GET {location}")
+        chunks = result.stream(min_chunk_size=STREAM_CHUNK)
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except Exception as error:
+                raise _translate(error, what) from None
+            await sink(chunk)
 
     def __repr__(self) -> str:
         return f"ObjectStoreDataset({len(self)} items)"
-
-
-class _Chunks:
-    """A file over an object's streamed chunks (``read`` only, as tarfile's stream mode)."""
-
-    def __init__(self, chunks: Iterator[Any], what: str) -> None:
-        self._chunks = chunks
-        self._what = what
-        self._chunk = b""
-        self._at = 0
-
-    def read(self, size: int = -1) -> bytes:
-        if self._at >= len(self._chunk):
-            try:
-                self._chunk, self._at = bytes(next(self._chunks)), 0
-            except StopIteration:
-                return b""
-            except Exception as error:
-                raise ReadFailed(str(_translate(error, self._what))) from None
-        start = self._at
-        end = len(self._chunk) if size < 0 else min(len(self._chunk), start + size)
-        self._at = end
-        return self._chunk if start == 0 and end == len(self._chunk) else self._chunk[start:end]
-
-    def close(self) -> None:
-        self._chunks = iter(())

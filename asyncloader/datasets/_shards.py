@@ -2,31 +2,33 @@
 
 Each epoch orders the shards (permuted by ``(seed, epoch)`` with ``shuffle=True``), gives every
 rank its share, and reads ``interleave`` of them at once: each shard with one streaming read
-(:meth:`open_stream` of the dataset that locates the shards) parsed by :mod:`tarfile` on a
-thread of its own, at most ``buffer`` samples ahead. Samples are taken from the open shards in
-turn, a fixed round-robin, and a shard that ends gives its turn to the next shard in the order,
-so the samples' order depends only on the shards, the seed, the epoch and ``interleave``: never
-on ``num_workers`` or timing. A shard that fails (cannot be opened, is not a tar, ends early,
-has a bad member) yields one :class:`~asyncloader.SampleError` naming it and the member, in its
-place in the order, and the epoch goes on with the next shard.
+(the ``stream`` method of the dataset that locates the shards) by a task of its own, parsed on
+the event loop as its chunks arrive (:mod:`._tar`), at most ``buffer`` samples ahead. Samples
+are taken from the open shards in turn, a fixed round-robin, and a shard that ends gives its
+turn to the next shard in the order, so the samples' order depends only on the shards, the
+seed, the epoch and ``interleave``: never on ``num_workers`` or timing. A shard that fails
+(cannot be opened, is not a tar, ends early, has a bad member) yields one
+:class:`~asyncloader.SampleError` naming it and the member, in its place in the order, and the
+epoch goes on with the next shard.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Final, Protocol
 
 import numpy as np
 
+from .._pool import ThreadPool
 from .._settings import check_bool, check_int
 from .._stream import SampleError, StreamInfo, stream_info
 from ._http import _check_max_bytes
 from ._redact import redact_url
-from ._tar import Readable, ShardError, samples
-from ._walk import Walk, check_walk
+from ._streaming import Blocking, Sink
+from ._tar import ShardError, TarParser
+from ._walk import Walk, check_walk, draw
 
 _END: Final = object()
 
@@ -37,7 +39,7 @@ class ShardSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def open_stream(self, index: int, loop: asyncio.AbstractEventLoop) -> Readable: ...
+    async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None: ...
 
 
 def _name(source: Any, index: int) -> str:
@@ -47,78 +49,94 @@ def _name(source: Any, index: int) -> str:
         return f"#{index}"
 
 
-class _Reader:
-    """One shard read on its own thread, its samples handed to the loop ``buffer`` at most
-    ahead of the round-robin."""
+class _Stop(Exception):
+    """The parser found a fault: the rest of the shard is not read."""
+
+
+class _Shard:
+    """One shard, streamed by a task of its own and parsed on the loop as its chunks come,
+    at most ``buffer`` samples ahead of the round-robin (then the stream waits).
+
+    Args:
+        source: The shards' dataset.
+        index: The shard's index in it.
+        buffer: Samples read ahead.
+        max_bytes: The largest member accepted.
+        skip: Samples (and faults) to drop first: those a resumed walk had taken.
+        blocking: Runs a source's blocking calls.
+    """
 
     def __init__(
         self,
         source: ShardSource,
         index: int,
-        loop: asyncio.AbstractEventLoop,
         buffer: int,
         max_bytes: int | None,
-        skip: int = 0,
+        skip: int,
+        blocking: Blocking,
     ) -> None:
-        self._source, self._index, self._loop = source, index, loop
-        self._max_bytes = max_bytes
-        self._skip = skip
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._room = threading.Semaphore(buffer)
-        self._cancelled = False
-        self._file: Readable | None = None
-        self._lock = threading.Lock()
         self.name = _name(source, index)
-        threading.Thread(target=self._run, name=f"asyncloader-shard-{index}", daemon=True).start()
+        self._buffer = buffer
+        self._skip = skip
+        self._items: deque[Any] = deque()
+        self._done = False
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._parser = TarParser(self.name, max_bytes)
+        self._task = asyncio.get_running_loop().create_task(
+            self._read(source, index, blocking), name=f"asyncloader shard {self.name}"
+        )
 
     async def next(self) -> Any:
         """The shard's next sample (or :class:`SampleError`), or ``_END``."""
-        item = await self._queue.get()
-        self._room.release()
+        while not self._items:
+            if self._done:
+                return _END
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._items.popleft()
+        if len(self._items) < self._buffer:
+            self._room.set()
         return item
 
     def cancel(self) -> None:
-        """Stop reading (from the loop): the thread ends at its next step."""
-        with self._lock:
-            self._cancelled = True
-            file = self._file
-        self._room.release()  # a thread waiting for room wakes and sees the cancel
-        if file is not None:
-            with contextlib.suppress(Exception):
-                file.close()  # a pipe's close cancels its request; a read in flight ends
+        """Stop reading: the request in flight is cancelled."""
+        self._task.cancel()
 
-    def _deliver(self, item: Any) -> bool:
-        self._room.acquire()
-        if self._cancelled:
-            return False
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody reads any more
-            return False
-        return True
+    def _put(self, item: Any) -> None:
+        if self._skip:
+            self._skip -= 1
+            return
+        self._items.append(item)
+        self._ready.set()
 
-    def _run(self) -> None:
+    async def _sink(self, chunk: Any) -> None:
+        for sample in self._parser.feed(chunk):
+            self._put(sample)
+        if self._parser.error is not None:
+            raise _Stop
+        while len(self._items) >= self._buffer:
+            self._room.clear()
+            await self._room.wait()
+
+    async def _read(self, source: ShardSource, index: int, blocking: Blocking) -> None:
+        fault: BaseException | None = None
         try:
-            try:
-                file = self._source.open_stream(self._index, self._loop)
-            except Exception as error:
-                raise ShardError(f"shard {self.name}: cannot be opened: {error}") from None
-            with self._lock:
-                if self._cancelled:
-                    file.close()
-                    return
-                self._file = file
-            try:
-                for position, sample in enumerate(samples(file, self.name, self._max_bytes)):
-                    if position >= self._skip and not self._deliver(sample):
-                        return
-            finally:
-                file.close()
-        except Exception as error:
-            if not self._cancelled and not self._deliver(SampleError(error)):
-                return
-        if not self._cancelled:
-            self._deliver(_END)
+            await source.stream(index, self._sink, blocking)
+        except _Stop:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # it could not be opened, or its bytes stopped coming
+            fault = ShardError(f"shard {self.name}: {error}")
+        else:
+            for sample in self._parser.close():
+                self._put(sample)
+        fault = self._parser.error or fault
+        if fault is not None:
+            self._put(SampleError(fault))
+        self._done = True
+        self._ready.set()
 
 
 class TarShards:
@@ -161,10 +179,10 @@ class TarShards:
         buffer: int = 64,
         max_bytes: int | None = None,
     ) -> None:
-        if not callable(getattr(shards, "open_stream", None)) or not hasattr(shards, "__len__"):
+        if not callable(getattr(shards, "stream", None)) or not hasattr(shards, "__len__"):
             raise TypeError(
                 "shards must be a FileDataset, HttpDataset or ObjectStoreDataset (a dataset "
-                f"with open_stream and __len__), got {type(shards).__name__}"
+                f"with stream and __len__), got {type(shards).__name__}"
             )
         self.shards = shards
         self.interleave = check_int("interleave", interleave, 1)
@@ -223,25 +241,34 @@ class TarShards:
         info = stream_info() or StreamInfo(0, 1, 0, 0, 0)
         order = self.order(info)
         walk = self._walk = self._begin(info, order)
-        loop = asyncio.get_running_loop()
+        threads = ThreadPool(self.interleave, "asyncloader-shard")
 
-        def start(position: int, skip: int = 0) -> _Reader:
+        def start(position: int, skip: int = 0) -> _Shard:
             shard = order[position]
-            return _Reader(self.shards, shard, loop, self.buffer, self.max_bytes, skip)
+            return _Shard(self.shards, shard, self.buffer, self.max_bytes, skip, threads.run)
 
         readers = [start(p, taken) for p, taken in walk.slots]
+        # The next shards' requests start before their turn, so that a shard's end does not
+        # stall the round-robin for a request's latency.
+        ahead: deque[_Shard] = deque()
+
+        def top_up() -> None:
+            while len(ahead) < self.interleave and walk.opened + len(ahead) < walk.shards:
+                ahead.append(start(walk.opened + len(ahead)))
+
+        top_up()
         try:
             pool = await self._refill(walk, start)
-            size, rng = self.shuffle_buffer, walk.rng
-            assert rng is not None
+            size, base = self.shuffle_buffer, walk.base
             while walk.slots:
                 turn = walk.turn
                 item = await readers[turn].next()
                 if item is _END:
                     if walk.opened < walk.shards:
-                        readers[turn] = start(walk.opened)
+                        readers[turn] = ahead.popleft()
                         walk.slots[turn] = [walk.opened, 0]
                         walk.opened += 1
+                        top_up()
                     else:
                         del readers[turn], walk.slots[turn]
                         walk.turn = turn if turn < len(walk.slots) else 0
@@ -255,19 +282,22 @@ class TarShards:
                     pool.append(item)
                     walk.buffered.append(place)
                 else:
-                    drawn = rng.randrange(size)
+                    drawn = draw(base, walk.draws, size)
+                    walk.draws += 1
                     item, pool[drawn] = pool[drawn], item
                     walk.buffered[drawn] = place
                     yield item
             while pool:  # the shards are done: the buffer empties in a random order
-                drawn = rng.randrange(len(pool))
+                drawn = draw(base, walk.draws, len(pool))
+                walk.draws += 1
                 pool[drawn], pool[-1] = pool[-1], pool[drawn]
                 walk.buffered[drawn], walk.buffered[-1] = walk.buffered[-1], walk.buffered[drawn]
                 walk.buffered.pop()
                 yield pool.pop()
         finally:
-            for reader in readers:
+            for reader in [*readers, *ahead]:
                 reader.cancel()
+            threads.shutdown(wait=False)
             if self._walk is walk:
                 self._walk = None
 
@@ -278,7 +308,7 @@ class TarShards:
             wanted.setdefault(p, set()).add(i)
 
         async def read(p: int) -> dict[int, Any]:
-            reader: _Reader = start(p)
+            reader: _Shard = start(p)
             found: dict[int, Any] = {}
             try:
                 for i in range(max(wanted[p]) + 1):

@@ -1,50 +1,92 @@
-"""WebDataset samples from one tar stream: consecutive members that share a key.
+"""WebDataset samples from one tar stream, parsed as its chunks arrive.
 
 A member ``dir/000123.jpg`` has the key ``dir/000123`` and the extension ``jpg`` (everything
 after the first dot of its last component, lower-cased), as WebDataset splits them, so that
 ``000123.jpg``, ``000123.cls`` and ``000123.json`` become one sample
 ``{"__key__": "000123", "__shard__": shard, "jpg": b"...", "cls": b"...", "json": b"..."}``.
 
-The stream is read once, front to back, with :mod:`tarfile` in stream mode (``r|*``: plain,
-gzip, bzip2 or xz), so nothing but the member being read is held. Every header is hostile: a
-member's size is checked against ``max_bytes`` before its data is read, names are only split
-(never used as paths), members that are not regular files (links, devices, folders) and
-WebDataset's ``__meta__`` files are passed over. A stream that is not a tar, ends early, or
-has a member over the limit, a name with no key or no extension, or an extension twice in one
-sample, raises :class:`ShardError` naming the shard and the member.
+:class:`TarParser` is fed the stream's chunks (gzip, bzip2 or xz ones are inflated first,
+as tarfile's ``r|*`` mode would) and returns the samples each chunk completes, so a shard is
+read with one streaming request and parsed on the event loop as it comes, holding only the
+sample being read. It reads the formats :mod:`tarfile` writes and reads (ustar, GNU long
+names, pax ``path`` and ``size`` records) the way tarfile reads them, and the tests check that
+it gives what tarfile gives. tarfile itself is not used because its stream mode reads with
+blocking calls (a thread per open shard) and costs about 24 µs a member here, which alone
+would cap a loader at half of what the benchmark asks (docs/streaming.md).
+
+Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
+negative, a member's size is checked against ``max_bytes`` before its data is held, names are
+only split (never used as paths), members that are not regular files (links, folders,
+devices) and WebDataset's ``__meta__`` files are passed over, and sparse members are refused.
+A stream that is not a tar, has a bad header, ends before tar's end-of-archive block, or has a
+member over the limit, a name with no key or no extension, or an extension twice in one
+sample raises :class:`ShardError` naming the shard and the member. A compressed stream is
+inflated at most :data:`INFLATE_STEP` bytes at a time and no further than the end of the
+archive, so a decompression bomb costs no more memory than its largest member.
 """
 
 from __future__ import annotations
 
+import bz2
+import lzma
 import re
-import tarfile
-from collections.abc import Iterator
-from typing import Any, Final, Protocol, cast
+import struct
+import zlib
+from typing import Any, Final, Protocol
+
+BLOCK: Final = 512
+ZEROS: Final = bytes(BLOCK)
+INFLATE_STEP: Final = 1 << 20
+"""The most bytes one step of inflating a compressed shard makes."""
 
 _KEY: Final = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 """WebDataset's split of a member name into key and extension."""
-
-_BUFSIZE: Final = 1 << 16
-"""tarfile's reads of the stream (its default is 10 KiB)."""
-
 _META: Final = re.compile(r"(^|/)__[^/]*__$")
-
-
-class Readable(Protocol):
-    """A shard's bytes, read front to back (a file, a pipe, an object's chunks)."""
-
-    def read(self, size: int = -1, /) -> bytes: ...
-
-    def close(self) -> None: ...
+_OCTAL: Final = re.compile(rb"[0-7]+")
+_PAX_RECORD: Final = re.compile(rb"(\d+) ([^=]+)=")
+_REGULAR: Final = frozenset({b"0", b"\0", b"7"})
+_NAMES: Final = frozenset({b"L", b"x", b"g"})
+"""GNU long names and pax headers: they name (or size) the member that follows."""
+_FIRST: Final = "(the first header)"
+_SIGNED: Final = struct.Struct("148b8x356b")
 
 
 class ShardError(OSError):
     """A shard could not be read to its end: its remaining samples are lost."""
 
 
-class ReadFailed(OSError):
-    """The shard's bytes could not be read (the request, the connection, the file): raised by
-    a shard's reader with a message that names the shard."""
+class _Inflater(Protocol):
+    def step(self, data: bytes) -> bytes: ...
+
+
+class _Zlib:
+    def __init__(self) -> None:
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip
+
+    def step(self, data: bytes) -> bytes:
+        out = self._inflate.decompress(self._inflate.unconsumed_tail + data, INFLATE_STEP)
+        return out
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._inflate.unconsumed_tail)
+
+
+class _Stepped:
+    """bz2 and lzma decompressors: ``max_length`` steps, with ``needs_input``."""
+
+    def __init__(self, inflate: Any) -> None:
+        self._inflate = inflate
+
+    def step(self, data: bytes) -> bytes:
+        if self._inflate.eof:
+            return b""
+        out: bytes = self._inflate.decompress(data, INFLATE_STEP)
+        return out
+
+    @property
+    def pending(self) -> bool:
+        return not self._inflate.eof and not self._inflate.needs_input
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -61,79 +103,249 @@ def _shown(name: str) -> str:
     return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
-def samples(fileobj: Readable, shard: str, max_bytes: int | None) -> Iterator[dict[str, Any]]:
-    """The samples of one tar stream, in order.
+def _text(field: bytes) -> str:
+    """A NUL-terminated name field, decoded as tarfile does (UTF-8, surrogate escapes)."""
+    end = field.find(b"\0")
+    return (field if end < 0 else field[:end]).decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes) -> int | None:
+    """A size field: octal digits (spaces and NULs around them), or GNU's base-256."""
+    if field[0] == 0o200:
+        return int.from_bytes(field[1:], "big")
+    if field[0] == 0o377:
+        return None  # base-256 negative
+    end = field.find(b"\0")
+    digits = (field if end < 0 else field[:end]).strip()
+    if not digits:
+        return 0
+    return int(digits, 8) if _OCTAL.fullmatch(digits) else None
+
+
+class TarParser:
+    """One shard's samples, from its chunks in order.
 
     Args:
-        fileobj: The shard's bytes, read front to back.
         shard: How messages (and each sample's ``__shard__``) name the shard.
         max_bytes: The largest member accepted.
-
-    Raises:
-        ShardError: The stream is not a tar, ends early, or has a bad member.
     """
-    member_name = "(the first header)"
-    try:
-        with tarfile.open(fileobj=cast(Any, fileobj), mode="r|*", bufsize=_BUFSIZE) as archive:
-            sample: dict[str, Any] | None = None
-            while (member := archive.next()) is not None:
-                # A stream's headers are not kept: memory stays flat over the shard.
-                cast(Any, archive).members.clear()
-                member_name = member.name
-                if not member.isreg() or _META.search(member.name):
-                    continue
-                parts = split_name(member.name)
-                problem = _problem(member, parts, max_bytes)
-                if problem is not None:
-                    if sample is not None and (parts is None or parts[0] != sample["__key__"]):
-                        yield sample  # complete: the bad member is not one of its own
-                    raise ShardError(f"shard {shard}: member {_shown(member.name)} {problem}")
-                assert parts is not None
-                key, extension = parts
-                data = archive.extractfile(member)
-                assert data is not None  # a regular file has data
-                content = data.read()
-                if len(content) != member.size:
-                    raise ShardError(
-                        f"shard {shard}: member {_shown(member.name)} ends early "
-                        f"({len(content)} of {member.size} bytes)"
-                    )
-                if sample is None or sample["__key__"] != key:
-                    if sample is not None:
-                        yield sample
-                    sample = {"__key__": key, "__shard__": shard}
-                elif extension in sample:
-                    raise ShardError(
-                        f"shard {shard}: member {_shown(member.name)}: a second {extension!r} "
-                        f"in sample {key!r}"
-                    )
-                sample[extension] = content
-            # tarfile ends quietly at a missing or cut header after the first: only the
-            # end-of-archive blocks (zeros) show that the shard was written to its end.
-            if archive.fileobj.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
-                raise ShardError(
-                    f"shard {shard}: ends after member {_shown(member_name)} without the "
-                    "end-of-archive blocks (cut short, or not tar data after it)"
-                )
+
+    def __init__(self, shard: str, max_bytes: int | None) -> None:
+        self.shard = shard
+        self.max_bytes = max_bytes
+        self._partial = bytearray()
+        """Bytes of a unit (a header, or a member's data) that a chunk's end cut."""
+        self._inflater: _Zlib | _Stepped | None = None
+        self._sniffed = False
+        self._ended = False
+        self._sample: dict[str, Any] | None = None
+        self._member = _FIRST
+        self._header: tuple[str, int, bytes] | None = None
+        """The header whose data is awaited: its name, size and type."""
+        self._global: dict[str, str] = {}
+        self._local: dict[str, str] = {}
+        self._long_name: str | None = None
+        self._out: list[dict[str, Any]] = []
+        self.error: ShardError | None = None
+        """Why the shard could not be read to its end, once that is known."""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """The samples that ``chunk`` completes. After a fault, :attr:`error` says what it
+        was (the samples before it are still returned) and the rest is ignored."""
+        if self.error is None and not self._ended:
+            try:
+                self._feed(chunk)
+            except ShardError as error:
+                self.error = error
+        out, self._out = self._out, []
+        return out
+
+    def close(self) -> list[dict[str, Any]]:
+        """The last samples, once the stream has ended; :attr:`error` is set if the stream
+        ended before tar's end-of-archive block."""
+        if self.error is None and not self._sniffed and self._partial:
+            self._sniff()
+            chunk, self._partial = bytes(self._partial), bytearray()
+            self.feed(chunk)
+        if self.error is None and not self._ended:
+            if self._member == _FIRST:
+                where = "before its first header"
+            else:
+                where = f"after member {_shown(self._member)}"
+            self.error = ShardError(
+                f"shard {self.shard}: ends {where} without tar's end-of-archive block "
+                "(cut short, or not a tar)"
+            )
+        out, self._out = self._out, []
+        return out
+
+    def _feed(self, chunk: Any) -> None:
+        if not self._sniffed:
+            self._partial += chunk
+            if len(self._partial) < 6:
+                return
+            self._sniff()
+            chunk, self._partial = bytes(self._partial), bytearray()
+        if self._inflater is None:
+            self._parse(chunk)
+        else:
+            self._inflate(chunk)
+
+    def _sniff(self) -> None:
+        self._sniffed = True
+        head = bytes(self._partial[:6])
+        if head.startswith(b"\x1f\x8b"):
+            self._inflater = _Zlib()
+        elif head.startswith(b"BZh"):
+            self._inflater = _Stepped(bz2.BZ2Decompressor())
+        elif head.startswith(b"\xfd7zXZ\x00"):
+            self._inflater = _Stepped(lzma.LZMADecompressor())
+
+    def _inflate(self, chunk: Any) -> None:
+        inflater = self._inflater
+        assert inflater is not None
+        try:
+            data = inflater.step(bytes(chunk))
+            while True:
+                self._parse(data)
+                if self._ended or not inflater.pending:
+                    return
+                data = inflater.step(b"")
+        except (zlib.error, lzma.LZMAError, OSError, EOFError) as error:
+            raise ShardError(f"shard {self.shard}: cannot be decompressed ({error})") from None
+
+    def _fail(self, name: str, problem: str) -> ShardError:
+        return ShardError(f"shard {self.shard}: member {_shown(name)} {problem}")
+
+    def _needed(self) -> int:
+        """The bytes of the unit being read: a header, or the member's padded data."""
+        if self._header is None:
+            return BLOCK
+        size = self._header[1]
+        return size + -size % BLOCK
+
+    def _parse(self, chunk: Any) -> None:
+        """Parse ``chunk`` in place; only a unit cut by its end is copied aside, and each
+        member's data is copied once, into its sample."""
+        with memoryview(chunk) as view:
+            at, end = 0, len(view)
+            partial = self._partial
+            if partial:  # the unit the last chunk cut: complete it first
+                take = min(self._needed() - len(partial), end)
+                partial += view[:take]
+                at = take
+                if len(partial) < self._needed():
+                    return
+                self._unit(memoryview(partial), 0)
+                partial.clear()
+            while not self._ended:
+                needed = self._needed()
+                if end - at < needed:
+                    partial += view[at:]
+                    return
+                self._unit(view, at)
+                at += needed
+
+    def _unit(self, view: memoryview, at: int) -> None:
+        """The header, or the member's data, at ``view[at:]`` (all of it is there)."""
+        if self._header is None:
+            block = view[at : at + BLOCK].tobytes()
+            if block == ZEROS:
+                self._end_archive()
+            else:
+                self._header = self._read_header(block)
+            return
+        name, size, kind = self._header
+        self._header = None
+        self._member_done(name, kind, view[at : at + size].tobytes())
+
+    def _read_header(self, block: bytes) -> tuple[str, int, bytes]:
+        stored = _number(block[148:156])
+        unsigned = sum(block) - sum(block[148:156]) + 256
+        if stored != unsigned and stored != 256 + sum(_SIGNED.unpack(block)):
+            if self._member == _FIRST:
+                raise ShardError(f"shard {self.shard}: not a tar (no valid first header)")
+            raise ShardError(
+                f"shard {self.shard}: a bad header after member {_shown(self._member)} "
+                "(its checksum does not match)"
+            )
+        kind = block[156:157]
+        name = self._long_name or self._local.get("path") or self._global.get("path")
+        if name is None:
+            name = _text(block[0:100])
+            prefix = _text(block[345:500])
+            if prefix and kind not in (b"L", b"K", b"S"):
+                name = prefix + "/" + name
+        self._member = name
+        size = _number(block[124:136])
+        pax_size = self._local.get("size") or self._global.get("size")
+        if pax_size is not None and kind not in _NAMES:
+            size = int(pax_size) if pax_size.isdigit() else None
+        if size is None:
+            raise self._fail(name, "has an invalid size field")
+        if kind == b"S" or any(key.startswith("GNU.sparse") for key in self._local):
+            raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
+        limit = self.max_bytes
+        if kind in _REGULAR and not name.endswith("/") and not _META.search(name):
+            if split_name(name) is None:
+                self._flush_unless(None)
+                raise self._fail(name, "has no key and extension")
+            if limit is not None and size > limit:
+                self._flush_unless(split_name(name))
+                raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
+        elif kind in _NAMES and size > max(limit or 0, 1 << 20):
+            raise self._fail(name, f"has a {size}-byte extended header")
+        return name, size, kind
+
+    def _member_done(self, name: str, kind: bytes, data: bytes) -> None:
+        if kind == b"K":  # a long link name: for a link, which is passed over
+            return
+        if kind == b"L":
+            self._long_name = _text(data)
+            return
+        if kind in (b"x", b"g"):
+            records = self._pax(name, data)
+            (self._local if kind == b"x" else self._global).update(records)
+            return
+        self._long_name = None
+        self._local = {}
+        if kind not in _REGULAR or name.endswith("/") or _META.search(name):
+            return  # a folder, a link, a device, a long link name, WebDataset's metadata
+        parts = split_name(name)
+        assert parts is not None  # checked with the header
+        key, extension = parts
+        sample = self._sample
+        if sample is None or sample["__key__"] != key:
             if sample is not None:
-                yield sample
-    except ShardError:
-        raise
-    except ReadFailed as failed:
-        raise ShardError(f"shard {shard}: at member {_shown(member_name)}: {failed}") from None
-    except Exception as error:  # tarfile's, and its decompressors' (zlib, lzma, bz2)
-        raise ShardError(
-            f"shard {shard}: not a readable tar at member {_shown(member_name)} "
-            f"({type(error).__name__}: {str(error)[:120]})"
-        ) from None
+                self._out.append(sample)
+            sample = self._sample = {"__key__": key, "__shard__": self.shard}
+        elif extension in sample:
+            raise self._fail(name, f"is a second {extension!r} in sample {key!r}")
+        sample[extension] = data
 
+    def _pax(self, name: str, data: bytes) -> dict[str, str]:
+        records: dict[str, str] = {}
+        at = 0
+        while at < len(data) and data[at : at + 1] != b"\0":
+            match = _PAX_RECORD.match(data, at)
+            length = int(match.group(1)) if match else 0
+            end = at + length
+            if match is None or length == 0 or end > len(data) or data[end - 1 : end] != b"\n":
+                raise self._fail(name, "has a malformed pax record")
+            key = match.group(2).decode("utf-8", "surrogateescape")
+            records[key] = data[match.end(2) + 1 : end - 1].decode("utf-8", "surrogateescape")
+            at = end
+        return records
 
-def _problem(
-    member: tarfile.TarInfo, parts: tuple[str, str] | None, max_bytes: int | None
-) -> str | None:
-    """What is wrong with a member's header, if anything."""
-    if parts is None:
-        return "has no key and extension"
-    if max_bytes is not None and member.size > max_bytes:
-        return f"is {member.size} bytes, over max_bytes={max_bytes}"
-    return None
+    def _flush_unless(self, parts: tuple[str, str] | None) -> None:
+        """Hand over the sample being built before a bad member that is not one of its own."""
+        sample = self._sample
+        if sample is not None and (parts is None or parts[0] != sample["__key__"]):
+            self._out.append(sample)
+            self._sample = None
+
+    def _end_archive(self) -> None:
+        self._ended = True
+        if self._sample is not None:
+            self._out.append(self._sample)
+            self._sample = None

@@ -1,28 +1,44 @@
 """One epoch's walk through a rank's shards, as a small state that resumes it exactly.
 
-The walk is: the shards opened so far (a prefix of the rank's order), each open shard's place in
-the round-robin and the samples taken from it, whose turn is next, which samples wait in the
-shuffle buffer (by shard and place in it) and the buffer's random state. Every sample is named
-by ``(p, i)``: the ``i``-th sample of the ``p``-th shard of the rank's order. Resuming re-opens
-the open shards and skips the samples already taken from them, and reads the buffer's samples
-again from their shards: it reads at most the open shards and the buffer's, never the epoch.
+The walk is: the shards opened so far (a prefix of the rank's order), each open shard's place
+in the round-robin and the samples taken from it, whose turn is next, which samples wait in the
+shuffle buffer (by shard and place in it) and how many draws the buffer has made. Every sample
+is named by ``(p, i)``: the ``i``-th sample of the ``p``-th shard of the rank's order. Resuming
+re-opens the open shards and skips the samples already taken from them, and reads the buffer's
+samples again from their shards: it reads at most the open shards and the buffer's, never the
+epoch.
 
-A saved state is checked whole when it is loaded, each field against the others and against
-the shards it names; a state that fails any check is refused with a ``ValueError``.
+A saved state is checked whole when it is loaded, each field against the others and against the
+shards it names; a state that fails any check is refused with a ``ValueError``.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 FORMAT: Final = 1
 
 
-def _seeded(seed: int, epoch: int) -> random.Random:
-    # A str seed is hashed with SHA-512: the same generator in every process and run.
-    return random.Random(f"asyncloader-shuffle-buffer:{seed}:{epoch}")
+_MASK: Final = (1 << 64) - 1
+
+
+def _base(seed: int, epoch: int) -> int:
+    digest = hashlib.blake2b(f"asyncloader-shuffle-buffer:{seed}:{epoch}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def draw(base: int, count: int, below: int) -> int:
+    """The ``count``-th draw of a walk, in ``range(below)``: SplitMix64 of ``base + count``.
+
+    A counter, not a generator with a state: the walk's state holds the count alone, and a
+    resumed walk draws what the uninterrupted one would have.
+    """
+    z = (base + (count + 1) * 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (z ^ (z >> 31)) % below
 
 
 @dataclass
@@ -42,7 +58,13 @@ class Walk:
     turn: int
     buffered: list[list[int]] = field(default_factory=list)
     """``[p, i]`` of each sample in the shuffle buffer, in the buffer's order."""
-    rng: random.Random | None = None
+    draws: int = 0
+    """Draws of the shuffle buffer so far (see :func:`draw`)."""
+
+    @property
+    def base(self) -> int:
+        """Where the epoch's draws start."""
+        return _base(self.seed, self.epoch)
 
     @classmethod
     def start(
@@ -51,13 +73,10 @@ class Walk:
         """A walk at the start of its epoch."""
         opened = min(interleave, shards)
         slots = [[p, 0] for p in range(opened)]
-        rng = _seeded(seed, epoch)
-        return cls(epoch, seed, rank, world_size, shards, opened, slots, 0, [], rng)
+        return cls(epoch, seed, rank, world_size, shards, opened, slots, 0)
 
     def state(self) -> dict[str, Any]:
         """The walk as a JSON-serialisable dict."""
-        assert self.rng is not None
-        version, internal, gauss = self.rng.getstate()
         return {
             "format": FORMAT,
             "epoch": self.epoch,
@@ -69,7 +88,7 @@ class Walk:
             "slots": [list(slot) for slot in self.slots],
             "turn": self.turn,
             "buffered": [list(place) for place in self.buffered],
-            "rng": [version, list(internal), gauss],
+            "draws": self.draws,
         }
 
 
@@ -128,20 +147,5 @@ def check_walk(state: object, interleave: int, buffer_size: int) -> Walk:
     taken = {p: count for p, count in slots}
     if any(p in taken and i >= taken[p] for p, i in buffered):
         raise ValueError("TarShards state buffered names a sample not yet taken from its shard")
-    rng = _rng(state.get("rng"))
-    return Walk(epoch, seed, rank, world_size, shards, opened, slots, turn, buffered, rng)
-
-
-def _rng(value: object) -> random.Random:
-    refused = ValueError("TarShards state rng is not a random generator's state")
-    if not isinstance(value, list) or len(value) != 3 or not isinstance(value[1], list):
-        raise refused
-    version, internal, gauss = value
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in internal):
-        raise refused
-    rng = random.Random()
-    try:
-        rng.setstate((version, tuple(internal), gauss))
-    except (TypeError, ValueError, OverflowError):
-        raise refused from None
-    return rng
+    draws = _int(state, "draws", 0)
+    return Walk(epoch, seed, rank, world_size, shards, opened, slots, turn, buffered, draws)

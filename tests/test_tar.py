@@ -1,0 +1,215 @@
+"""The tar parser of TarShards against the standard library's tarfile, and hostile tars.
+
+Archives are written by tarfile in each of its formats (ustar, GNU long names, pax), plain and
+compressed, and fed in chunks of any size: the parser must give the samples that tarfile's
+members make, grouped WebDataset's way. Any bytes at all give samples or a ShardError, never
+another exception; a bomb costs no more memory than its limit.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import tarfile
+import tracemalloc
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asyncloader.datasets._tar import INFLATE_STEP, ShardError, TarParser, split_name
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+COMPRESS = {
+    "none": lambda data: data,
+    "gz": gzip.compress,
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+}
+
+
+def write(members: list[tuple[str, bytes]], form: str = "gnu", compress: str = "none") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=FORMATS[form]) as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return COMPRESS[compress](out.getvalue())  # type: ignore[no-any-return]
+
+
+def parse(data: bytes, chunk: int = 4096, max_bytes: int | None = None) -> tuple[list[Any], Any]:
+    parser = TarParser("s.tar", max_bytes)
+    out: list[Any] = []
+    for start in range(0, len(data), chunk):
+        out += parser.feed(data[start : start + chunk])
+    out += parser.close()
+    return out, parser.error
+
+
+def tarfile_samples(data: bytes) -> list[dict[str, Any]]:
+    """What tarfile's members make, grouped as WebDataset does: the reference."""
+    samples: list[dict[str, Any]] = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as archive:
+        for member in archive:
+            parts = split_name(member.name)
+            if not member.isreg() or parts is None:
+                continue
+            file = archive.extractfile(member)
+            assert file is not None
+            key, extension = parts
+            if not samples or samples[-1]["__key__"] != key:
+                samples.append({"__key__": key, "__shard__": "s.tar"})
+            samples[-1][extension] = file.read()
+    return samples
+
+
+component = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/.\x00"),
+    min_size=1,
+    max_size=60,
+)
+names = st.tuples(
+    st.lists(component, max_size=3).map(lambda parts: "".join(p + "/" for p in parts)),
+    component,
+    st.sampled_from(["jpg", "cls", "json", "tar.gz", "Txt"]),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    samples=st.lists(
+        st.tuples(names, st.lists(st.binary(max_size=1500), min_size=1, max_size=3)),
+        max_size=6,
+    ),
+    form=st.sampled_from(sorted(FORMATS)),
+    compress=st.sampled_from(sorted(COMPRESS)),
+    chunk=st.integers(1, 5000),
+)
+def test_the_parser_gives_what_tarfile_gives(
+    samples: list[tuple[tuple[str, str, str], list[bytes]]], form: str, compress: str, chunk: int
+) -> None:
+    members = []
+    for index, ((folder, key, extension), datas) in enumerate(samples):
+        for number, data in enumerate(datas):
+            # Keys of their own (index), and extensions of their own within a sample.
+            members.append((f"{folder}{key}{index}.{number}{extension}", data))
+    if form == "ustar" and any(len(name.encode()) > 100 for name, _ in members):
+        return  # ustar cannot hold those names (tarfile raises writing them)
+    data = write(members, form, compress)
+    got, error = parse(data, chunk)
+    assert error is None
+    assert got == tarfile_samples(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, 700))
+def test_any_bytes_give_samples_or_a_shard_error(data: bytes, chunk: int) -> None:
+    samples, error = parse(data, chunk)
+    assert all(isinstance(s, dict) for s in samples)
+    assert error is None or isinstance(error, ShardError)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2559), st.integers(1, 255))
+def test_a_corrupted_shard_fails_with_a_shard_error(position: int, flip: int) -> None:
+    data = bytearray(write([("a.jpg", b"x" * 700), ("b.jpg", b"y" * 300)]))
+    data[position] ^= flip
+    samples, error = parse(bytes(data))
+    assert error is None or isinstance(error, ShardError)
+    assert len(samples) <= 2
+
+
+def test_members_that_are_not_files_are_passed_over() -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, kind in [("dir", tarfile.DIRTYPE), ("link.jpg", tarfile.SYMTYPE)]:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "/etc/passwd"
+            archive.addfile(info)
+        for name in ("__meta__", "a.jpg"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            archive.addfile(info, io.BytesIO(b"z"))
+    samples, error = parse(out.getvalue())
+    assert error is None
+    assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"z"}]
+
+
+def header(name: str, size_field: bytes, kind: bytes = b"0") -> bytes:
+    """A ustar header with a given size field and type, its checksum right."""
+    block = bytearray(512)
+    block[0 : len(name)] = name.encode()
+    block[124:136] = size_field
+    block[156:157] = kind
+    block[257:263] = b"ustar\x00"
+    block[148:156] = b" " * 8
+    block[148:156] = f"{sum(block):06o}\x00 ".encode()
+    return bytes(block)
+
+
+@pytest.mark.parametrize(
+    ("block", "problem"),
+    [
+        (header("a.jpg", b"\xff" * 12), "invalid size"),  # base-256, negative
+        (header("a.jpg", b"-0000000001\x00"), "invalid size"),
+        (header("a.jpg", b"0000000001_0"), "invalid size"),
+        (header("a.jpg", b"00000000001\x00", kind=b"S"), "sparse"),
+        (header("noextension", b"00000000001\x00"), "no key and extension"),
+        (header("a.jpg", b"00000000001\x00")[:148] + b"9" * 8 + bytes(356), "not a tar"),
+    ],
+)
+def test_hostile_headers_fail_naming_the_shard_and_the_member(block: bytes, problem: str) -> None:
+    _, error = parse(block + b"z" + bytes(511) + bytes(1024))
+    assert isinstance(error, ShardError)
+    assert "shard s.tar" in str(error)
+    assert problem in str(error)
+
+
+def test_a_member_over_max_bytes_fails_before_its_data_is_held() -> None:
+    data = write([("a.jpg", b"ok"), ("b.jpg", b"q" * 100_000)])
+    parser = TarParser("s.tar", max_bytes=1000)
+    samples = parser.feed(data[:2048])  # b's header, and only the start of its data
+    assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"ok"}]
+    assert parser.error is not None
+    assert "'b.jpg' is 100000 bytes, over max_bytes=1000" in str(parser.error)
+
+
+def test_a_cut_shard_or_one_without_its_end_fails() -> None:
+    data = write([("a.jpg", b"1" * 600), ("b.jpg", b"2" * 600)])
+    for cut in (700, 1536, 2560):  # in a member's data, after a member, after both
+        samples, error = parse(data[:cut])
+        assert isinstance(error, ShardError), cut
+        assert "without tar's end-of-archive block" in str(error)
+        assert len(samples) < 2 or cut == 2560
+
+
+def _peak(data: bytes, max_bytes: int | None) -> tuple[list[Any], Any, int]:
+    tracemalloc.start()
+    try:
+        samples, error = parse(data, chunk=65536, max_bytes=max_bytes)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return samples, error, peak
+
+
+def test_a_compressed_bomb_costs_no_more_memory_than_the_limit() -> None:
+    # A 64 MiB member of zeros: a gzip stream of about 64 KiB.
+    bomb = gzip.compress(write([("a.bin", b"\0" * 2**26)]))
+    samples, error, peak = _peak(bomb, max_bytes=2**20)
+    assert samples == []
+    assert "over max_bytes" in str(error)
+    assert peak < 4 * INFLATE_STEP
+
+
+def test_a_compressed_stream_is_inflated_no_further_than_the_archives_end() -> None:
+    bomb = gzip.compress(write([("a.jpg", b"x")]) + bytes(2**27))  # 128 MiB of zeros after it
+    samples, error, peak = _peak(bomb, max_bytes=None)
+    assert error is None
+    assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"x"}]
+    assert peak < 4 * INFLATE_STEP
