@@ -4,7 +4,9 @@
 of seconds or items with a progress bar, then prints items/s, MB/s, latency percentiles, the
 statistics report and the setting to change. A source is an HTTP URL template with ``{index}``,
 an object-store prefix (``s3://``, ``gs://``, ``az://``, ``file://``, ``memory://``) or a
-local folder. A bad source, missing credentials or an empty prefix exit with status 2.
+local folder; with ``--tar`` its items are WebDataset tar shards (a shard list by template,
+prefix or folder), and their samples are read (``TarShards``). A bad source, missing
+credentials or an empty prefix exit with status 2.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ._loader import DataLoader
-from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, Template
+from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, TarShards, Template
 from .datasets._objectstore import SCHEMES
 
 _S3_CREDENTIALS = (
@@ -105,32 +107,38 @@ def bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     dataset = open_source(args)
+    total: int | None = len(dataset)
+    if args.tar:  # the source's items are shards: a stream of their samples
+        dataset, total = TarShards(dataset, interleave=args.interleave), None
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
         collate_fn=list,
         num_workers=args.num_workers,
-        item_concurrency=args.item_concurrency,
+        item_concurrency=1 if args.tar else args.item_concurrency,
         errors="skip",
     )
-    limit_items = args.items if args.items is not None else len(dataset)
+    limit_items = args.items if args.items is not None and not args.tar else total
     deadline = time.perf_counter() + args.seconds
-    items = 0
+    items = size = 0
     started = time.perf_counter()
-    with (
-        loader,
-        tqdm(total=min(limit_items, len(dataset)), unit="item", disable=args.no_progress) as bar,
-    ):
+    unit = "sample" if args.tar else "item"
+    with loader, tqdm(total=limit_items, unit=unit, disable=args.no_progress) as bar:
         for batch in loader:
             items += len(batch)
+            if args.tar:
+                size += sum(len(v) for s in batch for k, v in s.items() if k[:2] != "__")
             bar.update(len(batch))
-            if items >= limit_items or time.perf_counter() >= deadline:
+            if (limit_items is not None and items >= limit_items) or (
+                time.perf_counter() >= deadline
+            ):
                 break
     elapsed = time.perf_counter() - started
     stats = loader.stats()
+    size = size if args.tar else stats.bytes
     print(
-        f"{items} items in {elapsed:.2f} s: {items / elapsed:,.0f} items/s, "
-        f"{stats.bytes / elapsed / 1e6:,.1f} MB/s; fetch latency p50 "
+        f"{items} {unit}s in {elapsed:.2f} s: {items / elapsed:,.0f} {unit}s/s, "
+        f"{size / elapsed / 1e6:,.1f} MB/s; fetch latency p50 "
         f"{stats.fetch.p50_s * 1000:.1f} ms, p99 {stats.fetch.p99_s * 1000:.1f} ms"
     )
     print(stats.report())
@@ -152,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--num-workers", type=int, default=16)
     bench_parser.add_argument("--item-concurrency", type=int, default=4)
     bench_parser.add_argument("--mmap", action="store_true", help="map a folder's files")
+    bench_parser.add_argument(
+        "--tar", action="store_true", help="the items are WebDataset tar shards: read samples"
+    )
+    bench_parser.add_argument("--interleave", type=int, default=4, help="shards at once (4)")
     bench_parser.add_argument("--retries", type=int, default=3)
     bench_parser.add_argument("--endpoint", help="object store endpoint URL")
     bench_parser.add_argument("--region", help="object store region")

@@ -41,6 +41,7 @@ async def stream_whole(
             for url in pending:
                 left = 0
                 async with session.get(url) as response:
+                    response.raise_for_status()
                     async for chunk in response.content.iter_chunked(1 << 16):
                         total += len(chunk)
                         left += len(chunk)

@@ -202,7 +202,9 @@ def moto_bucket(
         if objects is None:
             objects = {f"o/{i:05d}": blob for i in range(count)}
         for key, body in objects.items():
-            client.put_object(Bucket="bench", Key=key, Body=body)
+            # Readable without signing too: the webdataset peer and the bare loop GET the
+            # objects by URL (with curl and aiohttp).
+            client.put_object(Bucket="bench", Key=key, Body=body, ACL="public-read")
         client.close()
         yield {
             "keys": list(objects),

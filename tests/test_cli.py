@@ -117,3 +117,21 @@ def test_an_empty_prefix_or_folder_exits_with_status_2(bucket: str, tmp_path: Pa
     empty = cli("bench", str(tmp_path))
     assert empty.returncode == 2
     assert "has no file" in empty.stderr
+
+
+def test_bench_reads_the_samples_of_tar_shards_in_a_folder(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    for shard in range(3):
+        with tarfile.open(tmp_path / f"{shard}.tar", "w") as archive:
+            for i in range(20):
+                for extension in ("jpg", "cls"):
+                    info = tarfile.TarInfo(f"{shard}{i:03d}.{extension}")
+                    info.size = 100
+                    archive.addfile(info, io.BytesIO(b"s" * 100))
+    result = cli("bench", str(tmp_path), "--tar", "--interleave", "2", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"^60 samples in [\d.]+ s: [\d,]+ samples/s, ([\d.]+) MB/s", result.stdout, re.M
+    )

@@ -68,3 +68,32 @@ def test_torchrun_shares_crash_and_resume(tmp_path: Path) -> None:
     assert elastic.returncode == 0, elastic.stderr[-3000:]
     [alone] = json.loads((tmp_path / "gathered-elastic.json").read_text())
     assert sorted(before + alone) == list(range(SAMPLES))
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_ranks_read_disjoint_shards_and_resume_them(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for shard in range(6):
+        with tarfile.open(folder / f"{shard}.tar", "w") as archive:
+            for i in range(8):
+                info = tarfile.TarInfo(f"{shard * 8 + i:06d}.cls")
+                info.size = 1
+                archive.addfile(info, io.BytesIO(b"c"))
+    every = list(range(48))
+    whole = torchrun(2, tmp_path, "--label", "whole", "--shards", str(folder))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    shares = json.loads((tmp_path / "gathered-whole.json").read_text())
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == every
+    crash = torchrun(2, tmp_path, "--label", "crash", "--die-after", "2", "--shards", str(folder))
+    assert crash.returncode != 0
+    args = ("--label", "resumed", "--resume-from", "crash", "--shards", str(folder))
+    resumed = torchrun(2, tmp_path, *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = json.loads((tmp_path / "gathered-resumed.json").read_text())
+    for rank in (0, 1):  # each rank goes on with the very batches it would have had
+        assert read(tmp_path / f"received-crash-{rank}.json") + after[rank] == shares[rank]

@@ -4,7 +4,9 @@ Each rank iterates one epoch of a shuffled dataset through asyncloader, which fi
 and world size from ``torch.distributed``. After every batch a rank writes what it received
 and the loader's state (as a training job writes its checkpoint). ``--die-after K`` makes
 every rank crash after K batches; ``--resume`` starts from the saved state of rank 0. At the
-end, rank 0 writes what every rank received (``all_gather_object``).
+end, rank 0 writes what every rank received (``all_gather_object``). ``--shards FOLDER`` reads
+the tar shards there through ``TarShards`` instead (a sample's key is its number), and each
+rank resumes from its own saved state (a rank's walk is over its own shards).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from asyncloader import DataLoader
+from asyncloader import DataLoader, FileDataset, TarShards
 
 SAMPLES = 48
 
@@ -44,18 +46,33 @@ def main() -> None:
     parser.add_argument("--label", required=True)
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--resume-from")
+    parser.add_argument("--shards", type=Path)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    loader = DataLoader(Items(), batch_size=4, shuffle=True, seed=7, num_workers=1)
+    if args.shards is None:
+        loader = DataLoader(Items(), batch_size=4, shuffle=True, seed=7, num_workers=1)
+    else:
+        names = sorted(path.name for path in args.shards.glob("*.tar"))
+        shards = TarShards(
+            FileDataset(names, root=args.shards), interleave=2, shuffle=True, shuffle_buffer=5
+        )
+        loader = DataLoader(
+            shards,
+            batch_size=4,
+            seed=7,
+            num_workers=1,
+            collate_fn=lambda samples: [int(sample["__key__"]) for sample in samples],
+        )
     assert (loader.rank, loader.world_size) == (rank, world), (loader.rank, loader.world_size)
     if args.resume_from:
-        state = json.loads((args.out / f"state-{args.resume_from}-0.json").read_text())
+        saved = 0 if args.shards is None else rank
+        state = json.loads((args.out / f"state-{args.resume_from}-{saved}.json").read_text())
         loader.load_state_dict(state)
     received: list[int] = []
     with loader:
         for step, batch in enumerate(loader, start=1):
-            received += batch.tolist()
+            received += batch if isinstance(batch, list) else batch.tolist()
             write(args.out / f"received-{args.label}-{rank}.json", received)
             write(args.out / f"state-{args.label}-{rank}.json", loader.state_dict())
             if step == args.die_after:
