@@ -55,7 +55,7 @@ class DataLoader:
             the start of each epoch: each list is a batch. Exclusive with ``batch_size``,
             ``shuffle``, ``sampler`` and ``drop_last``, as in torch.
         seed: The seed of shuffling (and of random transforms); drawn once from the OS when
-            ``None``.
+            ``None``, or 0 with more than one rank (every rank must draw the same order).
         generator: A ``torch.Generator`` the seed is drawn from (torch's way of seeding the
             shuffle); exclusive with ``seed``.
         drop_last: Drop the last batch of an epoch when it is short.

@@ -89,8 +89,15 @@ class Order:
                 raise ValueError("seed and generator are exclusive; pass one of them")
             seed = _seed_from(generator)
         self.seed_given = seed is not None
-        self.seed: int = secrets.randbits(63) if seed is None else check_int("seed", seed, 0)
         self.rank, self.world_size = resolve_ranks(rank, world_size)
+        if seed is not None:
+            self.seed: int = check_int("seed", seed, 0)
+        elif self.world_size > 1:
+            # Every rank is a process of its own: a seed drawn from each one's OS would give
+            # each its own permutation and overlapping shares. 0, as torch's DistributedSampler.
+            self.seed = 0
+        else:
+            self.seed = secrets.randbits(63)
         self.owns_sampler = sampler is None and batch_sampler is None
         if sampler is not None:
             if self.shuffle:

@@ -382,3 +382,18 @@ def test_a_batch_split_over_threads_fails_by_its_first_failure_or_skips_in_order
         assert got == ["item 1", list(range(8, 16))]
     else:
         assert got == [[0, 2, 3, 4, 5, 7], list(range(8, 16))]
+
+
+def test_ranks_without_a_seed_read_disjoint_shares() -> None:
+    # torch's DistributedSampler seeds 0 by default for the same reason: every rank is a
+    # process of its own, and each must draw the same permutation.
+    shares = [
+        [
+            i
+            for batch in DataLoader(SyncData(40), batch_size=4, shuffle=True, rank=r, world_size=2)
+            for i in batch.tolist()
+        ]
+        for r in range(2)
+    ]
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(40))
