@@ -230,6 +230,36 @@ def _batches_in_epoch(expected: Expected, world_size: int, offset: int) -> int |
     return batch_count(samples, batch_size, drop_last)
 
 
+def check_layout(
+    state: dict[str, Any], required: Sequence[str], optional: Sequence[str] = ()
+) -> tuple[int, int, int, int]:
+    """Check the fields every loader state has (a map-style loader's or a stream's).
+
+    Returns:
+        The state's ``epoch``, ``batches_received``, ``seed`` and ``world_size``.
+
+    Raises:
+        ValueError: A field is missing or unknown, the format is another, or a position
+            field is of the wrong type or range; the message names it.
+    """
+    for key in required:
+        if key not in state:
+            raise ValueError(f"state has no {key!r}")
+    unknown = sorted(str(key) for key in state if key not in (*required, *optional))
+    if unknown:
+        raise ValueError(f"state has unknown fields {unknown}")
+    if state["format"] != FORMAT or isinstance(state["format"], bool):
+        raise ValueError(f"state format {state['format']!r} differs from {FORMAT}")
+    epoch = _field(state, "epoch", 0)
+    batches = _field(state, "batches_received", 0)
+    seed = _field(state, "seed", 0)
+    world_size = _field(state, "world_size", 1)
+    rank = _field(state, "rank", 0)
+    if rank >= world_size:
+        raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
+    return epoch, batches, seed, world_size
+
+
 def check_state(state: object, expected: Expected) -> tuple[Resume, bytes | None]:
     """Check a whole state against this loader, changing nothing.
 
@@ -247,21 +277,7 @@ def check_state(state: object, expected: Expected) -> tuple[Resume, bytes | None
             f"state kind {state['kind']!r}: the state is a stream loader's, and this loader "
             "reads a map-style dataset"
         )
-    for key in _REQUIRED:
-        if key not in state:
-            raise ValueError(f"state has no {key!r}")
-    unknown = sorted(str(key) for key in state if key not in _REQUIRED + _OPTIONAL)
-    if unknown:
-        raise ValueError(f"state has unknown fields {unknown}")
-    if state["format"] != FORMAT or isinstance(state["format"], bool):
-        raise ValueError(f"state format {state['format']!r} differs from {FORMAT}")
-    epoch = _field(state, "epoch", 0)
-    batches = _field(state, "batches_received", 0)
-    seed = _field(state, "seed", 0)
-    world_size = _field(state, "world_size", 1)
-    rank = _field(state, "rank", 0)
-    if rank >= world_size:
-        raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
+    epoch, batches, seed, world_size = check_layout(state, _REQUIRED, _OPTIONAL)
     offset = _field(state, "offset", 0, default=0)
     for key in ("dataset_length", "batch_size", "drop_last"):
         ours = getattr(expected, key)

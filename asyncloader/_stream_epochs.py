@@ -23,7 +23,7 @@ from ._map_epochs import EpochStart
 from ._pool import ThreadPool
 from ._sampler import batch_count
 from ._settings import Settings
-from ._state import FORMAT, Progress, Resume
+from ._state import FORMAT, Progress, Resume, check_layout
 from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful
 
 if TYPE_CHECKING:
@@ -78,13 +78,6 @@ def write_stream_state(
     }
 
 
-def _int(state: dict[str, Any], key: str, minimum: int) -> int:
-    value = state[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"state {key} must be an int of at least {minimum}, got {value!r}")
-    return value
-
-
 def check_stream_state(state: object, expected: StreamExpected) -> Resume:
     """Check a whole stream state against this loader, changing nothing.
 
@@ -99,21 +92,7 @@ def check_stream_state(state: object, expected: StreamExpected) -> Resume:
             f"state kind {state.get('kind')!r} is not {KIND!r}: this loader reads a stream, "
             "and the state is not a stream loader's"
         )
-    for key in _FIELDS:
-        if key not in state:
-            raise ValueError(f"state has no {key!r}")
-    unknown = sorted(str(key) for key in state if key not in _FIELDS)
-    if unknown:
-        raise ValueError(f"state has unknown fields {unknown}")
-    if state["format"] != FORMAT or isinstance(state["format"], bool):
-        raise ValueError(f"state format {state['format']!r} differs from {FORMAT}")
-    epoch = _int(state, "epoch", 0)
-    batches = _int(state, "batches_received", 0)
-    seed = _int(state, "seed", 0)
-    rank = _int(state, "rank", 0)
-    world_size = _int(state, "world_size", 1)
-    if rank >= world_size:
-        raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
+    epoch, batches, seed, world_size = check_layout(state, _FIELDS)
     for key in ("batch_size", "drop_last", "world_size"):
         ours = getattr(expected, key)
         if state[key] != ours or type(state[key]) is not type(ours):
