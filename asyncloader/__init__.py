@@ -27,6 +27,7 @@ from ._transform import Transform as Transform
 from .datasets import FileDataset as FileDataset
 from .datasets import HttpDataset as HttpDataset
 from .datasets import ObjectStoreDataset as ObjectStoreDataset
+from .datasets import ParquetShards as ParquetShards
 from .datasets import Retry as Retry
 from .datasets import TarShards as TarShards
 from .datasets import Template as Template
@@ -41,6 +42,7 @@ __all__ = [
     "ImageCollator",
     "LoaderStats",
     "ObjectStoreDataset",
+    "ParquetShards",
     "RandomSampler",
     "Retry",
     "SampleError",

@@ -116,12 +116,12 @@ def test_the_order_is_a_fixed_round_robin_whatever_num_workers(
     folder: Path, interleave: int
 ) -> None:
     expected = round_robin(list(range(SHARDS)), interleave)
-    for workers in (0, 1, 4):
+    for workers, threads in ((0, 1), (1, 2), (4, 1), (4, 3)):
         with DataLoader(
             on_files(folder, interleave=interleave),
             batch_size=4,
             num_workers=workers,
-            cpu_threads=2,
+            cpu_threads=threads,
             collate_fn=list,
         ) as loader:
             assert keys(loader) == expected
@@ -484,3 +484,15 @@ def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) ->
         with pytest.raises(ValueError, match=match):
             restored.load_state_dict({**state, "source": {**walk, **change}})
         assert restored.state_dict()["batches_received"] == 0  # left as it was
+
+
+def test_ranks_without_a_seed_still_share_one_order(folder: Path) -> None:
+    # Each rank is its own process: a seed drawn from each one's OS would give each rank
+    # another permutation of the shards, and the shares would overlap.
+    shares = []
+    for rank in range(2):
+        dataset = on_files(folder, interleave=2, shuffle=True)
+        with DataLoader(dataset, batch_size=4, rank=rank, world_size=2, collate_fn=list) as loader:
+            shares.append(keys(loader))
+    assert not set(shares[0]) & set(shares[1])
+    assert len(shares[0]) + len(shares[1]) == SHARDS * PER_SHARD

@@ -119,6 +119,13 @@ class FileDataset:
         finally:
             file.close()
 
+    def open_file(self, index: int) -> IO[bytes]:
+        """File ``index`` opened for reading anywhere in it (blocking): beneath ``root``, a
+        regular file within ``max_bytes``, as an item is."""
+        location = self.locations[index]
+        assert isinstance(location, str)
+        return retrying_sync(self.retry, lambda: self._open(location))
+
     def _open(self, location: str) -> IO[bytes]:
         try:
             fd, size = open_regular(location, self.root, self._real_root)

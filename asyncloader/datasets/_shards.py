@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -53,38 +53,29 @@ class _Stop(Exception):
     """The parser found a fault: the rest of the shard is not read."""
 
 
-class _Shard:
-    """One shard, streamed by a task of its own and parsed on the loop as its chunks come,
-    at most ``buffer`` samples ahead of the round-robin (then the stream waits).
+class Shard:
+    """One shard being read by a task of its own (its format's producer), at most ``buffer``
+    samples ahead of the round-robin, which takes them with :meth:`next`.
 
     Args:
-        source: The shards' dataset.
-        index: The shard's index in it.
-        buffer: Samples read ahead.
-        max_bytes: The largest member accepted.
+        name: How messages name the shard.
+        buffer: Samples read ahead (then :meth:`room` waits).
         skip: Samples (and faults) to drop first: those a resumed walk had taken.
-        blocking: Runs a source's blocking calls.
+        produce: Reads the shard: :meth:`put` each sample in order, awaiting :meth:`room`.
     """
 
     def __init__(
-        self,
-        source: ShardSource,
-        index: int,
-        buffer: int,
-        max_bytes: int | None,
-        skip: int,
-        blocking: Blocking,
+        self, name: str, buffer: int, skip: int, produce: Callable[[Shard], Awaitable[None]]
     ) -> None:
-        self.name = _name(source, index)
+        self.name = name
         self._buffer = buffer
         self._skip = skip
         self._items: deque[Any] = deque()
         self._done = False
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
-        self._parser = TarParser(self.name, max_bytes)
         self._task = asyncio.get_running_loop().create_task(
-            self._read(source, index, blocking), name=f"asyncloader shard {self.name}"
+            self._run(produce), name=f"asyncloader shard {name}"
         )
 
     async def next(self) -> Any:
@@ -103,95 +94,97 @@ class _Shard:
         """Stop reading: the request in flight is cancelled."""
         self._task.cancel()
 
-    def _put(self, item: Any) -> None:
+    def put(self, item: Any) -> None:
+        """The shard's next sample (or fault), from its producer."""
         if self._skip:
             self._skip -= 1
             return
         self._items.append(item)
         self._ready.set()
 
-    async def _sink(self, chunk: Any) -> None:
-        for sample in self._parser.feed(chunk):
-            self._put(sample)
-        if self._parser.error is not None:
-            raise _Stop
+    def skip_ahead(self, count: int) -> bool:
+        """Drop ``count`` samples unread if all of them are still to be skipped (a resumed
+        walk's whole row group, say); whether they were."""
+        if self._skip < count:
+            return False
+        self._skip -= count
+        return True
+
+    async def room(self) -> None:
+        """Wait until fewer than ``buffer`` samples wait to be taken."""
         while len(self._items) >= self._buffer:
             self._room.clear()
             await self._room.wait()
 
-    async def _read(self, source: ShardSource, index: int, blocking: Blocking) -> None:
-        fault: BaseException | None = None
+    async def _run(self, produce: Callable[[Shard], Awaitable[None]]) -> None:
         try:
-            await source.stream(index, self._sink, blocking)
-        except _Stop:
-            pass
+            await produce(self)
         except asyncio.CancelledError:
             raise
-        except Exception as error:  # it could not be opened, or its bytes stopped coming
-            fault = ShardError(f"shard {self.name}: {error}")
-        else:
-            for sample in self._parser.close():
-                self._put(sample)
-        fault = self._parser.error or fault
-        if fault is not None:
-            self._put(SampleError(fault))
+        except Exception as error:  # it could not be opened, or its data stopped coming
+            fault = error if isinstance(error, ShardError) else None
+            self.put(SampleError(fault or ShardError(f"shard {self.name}: {error}")))
         self._done = True
         self._ready.set()
 
 
-class TarShards:
-    """A stream of WebDataset samples from tar shards (``.tar``, or compressed ``.tar.gz``).
+def tar_producer(
+    source: ShardSource, index: int, max_bytes: int | None, blocking: Blocking
+) -> Callable[[Shard], Awaitable[None]]:
+    """Stream a tar shard and parse it as its chunks come (:class:`._tar.TarParser`)."""
 
-    A sample is the consecutive members of a shard that share a key: ``000123.jpg``,
-    ``000123.cls`` → ``{"__key__": "000123", "__shard__": "<shard>", "jpg": b"...",
-    "cls": b"..."}`` (extensions lower-cased, as WebDataset); decode it in the loader's
-    ``transform``. Pass it to :class:`~asyncloader.DataLoader` as any stream.
+    async def produce(shard: Shard) -> None:
+        parser = TarParser(shard.name, max_bytes)
+
+        async def sink(chunk: Any) -> None:
+            for sample in parser.feed(chunk):
+                shard.put(sample)
+            if parser.error is not None:
+                raise _Stop
+            await shard.room()
+
+        try:
+            await source.stream(index, sink, blocking)
+        except _Stop:
+            pass
+        else:
+            for sample in parser.close():
+                shard.put(sample)
+        if parser.error is not None:
+            raise parser.error
+
+    return produce
+
+
+class ShardStream:
+    """The walk through an epoch's shards that every shard format shares: order, ranks,
+    the round-robin of the open shards, the shuffle buffer, the state (see the module
+    docstring). A format says how one shard is read (:meth:`_producer`).
 
     Args:
-        shards: The dataset whose items are the shards: a :class:`FileDataset`,
-            :class:`HttpDataset` or :class:`ObjectStoreDataset` (a list, a template or, with
-            ``ObjectStoreDataset.from_prefix``, a prefix), with its locations, retries,
-            limits and credentials.
-        interleave: Shards read at once, their samples taken in turn. It fixes the order, so
-            it is a setting of its own, not ``num_workers``.
-        shuffle: Permute the shards every epoch from the loader's ``(seed, epoch)``.
-        shuffle_buffer: Mix the samples in a buffer of this many: each sample that arrives
-            takes the place of one drawn at random from ``(seed, epoch)``, which comes out
-            (``0``: no buffer).
-        buffer: Samples read ahead of the round-robin, per open shard.
-        max_bytes: The largest member accepted (checked from its header before it is read).
-
-    Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
-    of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.
-
-    Resume: :meth:`state_dict` is the epoch's walk (:mod:`._walk`), which the loader saves
-    after each batch received; a loader restored from it reads only the open shards and the
-    buffer's samples again, not the epoch.
+        shards: The dataset whose items are the shards.
+        interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says.
     """
 
     def __init__(
         self,
-        shards: ShardSource,
+        shards: Any,
         *,
-        interleave: int = 4,
-        shuffle: bool = False,
-        shuffle_buffer: int = 0,
-        buffer: int = 64,
-        max_bytes: int | None = None,
+        interleave: int,
+        shuffle: bool,
+        shuffle_buffer: int,
+        buffer: int,
     ) -> None:
-        if not callable(getattr(shards, "stream", None)) or not hasattr(shards, "__len__"):
-            raise TypeError(
-                "shards must be a FileDataset, HttpDataset or ObjectStoreDataset (a dataset "
-                f"with stream and __len__), got {type(shards).__name__}"
-            )
         self.shards = shards
         self.interleave = check_int("interleave", interleave, 1)
         self.shuffle = check_bool("shuffle", shuffle)
         self.shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, 0)
         self.buffer = check_int("buffer", buffer, 1)
-        self.max_bytes = _check_max_bytes(max_bytes)
         self._walk: Walk | None = None
         self._loaded: Walk | None = None
+
+    def _producer(self, index: int, blocking: Blocking) -> Callable[[Shard], Awaitable[None]]:
+        raise NotImplementedError
 
     def order(self, info: StreamInfo) -> list[int]:
         """The shards this rank reads in the epoch ``info`` names, in order.
@@ -243,14 +236,15 @@ class TarShards:
         walk = self._walk = self._begin(info, order)
         threads = ThreadPool(self.interleave, "asyncloader-shard")
 
-        def start(position: int, skip: int = 0) -> _Shard:
-            shard = order[position]
-            return _Shard(self.shards, shard, self.buffer, self.max_bytes, skip, threads.run)
+        def start(position: int, skip: int = 0) -> Shard:
+            index = order[position]
+            producer = self._producer(index, threads.run)
+            return Shard(_name(self.shards, index), self.buffer, skip, producer)
 
         readers = [start(p, taken) for p, taken in walk.slots]
         # The next shards' requests start before their turn, so that a shard's end does not
         # stall the round-robin for a request's latency.
-        ahead: deque[_Shard] = deque()
+        ahead: deque[Shard] = deque()
 
         def top_up() -> None:
             while len(ahead) < self.interleave and walk.opened + len(ahead) < walk.shards:
@@ -308,7 +302,7 @@ class TarShards:
             wanted.setdefault(p, set()).add(i)
 
         async def read(p: int) -> dict[int, Any]:
-            reader: _Shard = start(p)
+            reader: Shard = start(p)
             found: dict[int, Any] = {}
             try:
                 for i in range(max(wanted[p]) + 1):
@@ -328,4 +322,63 @@ class TarShards:
         return [found[p][i] for p, i in walk.buffered]
 
     def __repr__(self) -> str:
-        return f"TarShards({len(self.shards)} shards, interleave={self.interleave})"
+        kind = type(self).__name__
+        return f"{kind}({len(self.shards)} shards, interleave={self.interleave})"
+
+
+class TarShards(ShardStream):
+    """A stream of WebDataset samples from tar shards (``.tar``, or compressed ``.tar.gz``).
+
+    A sample is the consecutive members of a shard that share a key: ``000123.jpg``,
+    ``000123.cls`` → ``{"__key__": "000123", "__shard__": "<shard>", "jpg": b"...",
+    "cls": b"..."}`` (extensions lower-cased, as WebDataset); decode it in the loader's
+    ``transform``. Pass it to :class:`~asyncloader.DataLoader` as any stream.
+
+    Args:
+        shards: The dataset whose items are the shards: a :class:`FileDataset`,
+            :class:`HttpDataset` or :class:`ObjectStoreDataset` (a list, a template or, with
+            ``ObjectStoreDataset.from_prefix``, a prefix), with its locations, retries,
+            limits and credentials.
+        interleave: Shards read at once, their samples taken in turn. It fixes the order, so
+            it is a setting of its own, not ``num_workers``.
+        shuffle: Permute the shards every epoch from the loader's ``(seed, epoch)``.
+        shuffle_buffer: Mix the samples in a buffer of this many: each sample that arrives
+            takes the place of one drawn at random from ``(seed, epoch)``, which comes out
+            (``0``: no buffer).
+        buffer: Samples read ahead of the round-robin, per open shard.
+        max_bytes: The largest member accepted (checked from its header before it is read).
+
+    Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
+    of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.
+
+    Resume: :meth:`state_dict` is the epoch's walk (:mod:`._walk`), which the loader saves
+    after each batch received; a loader restored from it reads only the open shards and the
+    buffer's samples again, not the epoch.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSource,
+        *,
+        interleave: int = 4,
+        shuffle: bool = False,
+        shuffle_buffer: int = 0,
+        buffer: int = 64,
+        max_bytes: int | None = None,
+    ) -> None:
+        if not callable(getattr(shards, "stream", None)) or not hasattr(shards, "__len__"):
+            raise TypeError(
+                "shards must be a FileDataset, HttpDataset or ObjectStoreDataset (a dataset "
+                f"with stream and __len__), got {type(shards).__name__}"
+            )
+        super().__init__(
+            shards,
+            interleave=interleave,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            buffer=buffer,
+        )
+        self.max_bytes = _check_max_bytes(max_bytes)
+
+    def _producer(self, index: int, blocking: Blocking) -> Callable[[Shard], Awaitable[None]]:
+        return tar_producer(self.shards, index, self.max_bytes, blocking)

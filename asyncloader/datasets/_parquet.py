@@ -1,0 +1,137 @@
+"""``ParquetShards``: rows of Parquet files on files or object stores, row group by row group.
+
+The shards' walk (order, ranks, round-robin, shuffle buffer, exact resume) is
+:class:`._shards.ShardStream`'s; a Parquet shard is read one row group at a time on the
+shards' threads (pyarrow releases the interpreter lock while it reads and decodes), the
+footer first, then each row group's column chunks: from a file, reads of it; from an object
+store, range GETs. A resumed walk skips the row groups it had taken whole, unread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ._http import _check_max_bytes
+from ._shards import Shard, ShardStream
+from ._streaming import Blocking
+from ._tar import ShardError
+
+
+class _Opened:
+    """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.raw: Any = None
+        self.file: Any = None
+
+    def open(self, source: Any, index: int) -> Any:
+        import pyarrow.parquet as pq
+
+        with self.lock:
+            self.raw = source.open_file(index)
+            self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
+            return self.file.metadata
+
+    def rows(self, group: int, columns: list[str] | None, shard: str, first: int) -> list[Any]:
+        with self.lock:
+            rows: list[dict[str, Any]] = self.file.read_row_group(
+                group, columns=columns
+            ).to_pylist()
+        for offset, row in enumerate(rows):
+            row["__shard__"], row["__row__"] = shard, first + offset
+        return rows
+
+    def close(self) -> None:
+        with self.lock:
+            if self.file is not None:
+                self.file.close()
+            if self.raw is not None:
+                self.raw.close()
+            self.file = self.raw = None
+
+
+class ParquetShards(ShardStream):
+    """A stream of rows from Parquet shards, each row a dict ``{column: value}`` with its
+    ``"__shard__"`` and ``"__row__"`` (its place in the shard).
+
+    Args:
+        shards: The dataset whose items are the shards: a :class:`FileDataset` or an
+            :class:`ObjectStoreDataset` (Parquet is read by ranges; an :class:`HttpDataset`
+            reads whole bodies, and is refused).
+        columns: The columns read (all by default).
+        interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
+            counts rows).
+        max_bytes: The largest row group accepted (its uncompressed size in the footer),
+            checked before it is read.
+
+    Raises:
+        ImportError: pyarrow is not installed (``pip install asyncloader[parquet]``).
+    """
+
+    def __init__(
+        self,
+        shards: Any,
+        *,
+        columns: Sequence[str] | None = None,
+        interleave: int = 4,
+        shuffle: bool = False,
+        shuffle_buffer: int = 0,
+        buffer: int = 1024,
+        max_bytes: int | None = None,
+    ) -> None:
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as error:
+            raise ImportError(
+                "ParquetShards needs pyarrow: pip install asyncloader[parquet]"
+            ) from error
+        if not callable(getattr(shards, "open_file", None)) or not hasattr(shards, "__len__"):
+            raise TypeError(
+                "shards must be a FileDataset or ObjectStoreDataset (Parquet is read by ranges), "
+                f"got {type(shards).__name__}"
+            )
+        if columns is not None and (
+            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
+        ):
+            raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        super().__init__(
+            shards,
+            interleave=interleave,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            buffer=buffer,
+        )
+        self.columns = None if columns is None else list(columns)
+        self.max_bytes = _check_max_bytes(max_bytes)
+
+    def _producer(self, index: int, blocking: Blocking) -> Callable[[Shard], Awaitable[None]]:
+        source, columns, limit = self.shards, self.columns, self.max_bytes
+
+        async def produce(shard: Shard) -> None:
+            opened = _Opened()
+            try:
+                meta = await blocking(opened.open, source, index)
+                first = 0
+                for group in range(meta.num_row_groups):
+                    info = meta.row_group(group)
+                    if shard.skip_ahead(info.num_rows):  # taken whole before a resume
+                        first += info.num_rows
+                        continue
+                    if limit is not None and info.total_byte_size > limit:
+                        raise ShardError(
+                            f"shard {shard.name}: row group {group} is {info.total_byte_size} "
+                            f"bytes, over max_bytes={limit}"
+                        )
+                    for row in await blocking(opened.rows, group, columns, shard.name, first):
+                        shard.put(row)
+                    first += info.num_rows
+                    await shard.room()
+            finally:
+                # On a thread of its own: the shards' pool may be shut down (a cancelled
+                # epoch), and a read still running holds the file until it returns.
+                threading.Thread(target=opened.close, name="asyncloader-close", daemon=True).start()
+
+        return produce

@@ -1,0 +1,171 @@
+"""ParquetShards (issue 20, point 3): Parquet files written here with pyarrow, read from files
+and moto's S3 server, row group by row group; the same walk as tar shards (order whatever
+num_workers, ranks, exact resume); a broken shard fails only its own place."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from asyncloader import DataLoader, FileDataset, HttpDataset, ObjectStoreDataset, ParquetShards
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+from .servers import run_moto
+
+CREDENTIALS: dict[str, Any] = {
+    "access_key_id": "testing",
+    "secret_access_key": "testing",
+    "region": "us-east-1",
+}
+SHARDS, ROWS, GROUP = 5, 30, 8
+
+
+def table(shard: int) -> pa.Table:
+    ids = [shard * 1000 + i for i in range(ROWS)]
+    return pa.table({"id": ids, "text": [f"row {i}" for i in ids], "score": [i / 2 for i in ids]})
+
+
+def parquet_bytes(shard: int) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table(shard), sink, row_group_size=GROUP)
+    return bytes(sink.getvalue())
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("parquet")
+    for shard in range(SHARDS):
+        (root / f"{shard}.parquet").write_bytes(parquet_bytes(shard))
+    return root
+
+
+def names() -> list[str]:
+    return [f"{shard}.parquet" for shard in range(SHARDS)]
+
+
+def ids(loader: DataLoader) -> list[int]:
+    return [row["id"] for batch in loader for row in batch]
+
+
+def test_rows_come_out_as_dicts_row_group_by_row_group(folder: Path) -> None:
+    dataset = ParquetShards(FileDataset(names(), root=folder), interleave=1)
+    with DataLoader(dataset, batch_size=7, collate_fn=list) as loader:
+        rows = [row for batch in loader for row in batch]
+    assert [row["id"] for row in rows] == [s * 1000 + i for s in range(SHARDS) for i in range(ROWS)]
+    assert rows[1] == {
+        "id": 1,
+        "text": "row 1",
+        "score": 0.5,
+        "__shard__": "0.parquet",
+        "__row__": 1,
+    }
+
+
+def test_columns_can_be_selected(folder: Path) -> None:
+    dataset = ParquetShards(FileDataset(names(), root=folder), columns=["id"])
+    with DataLoader(dataset, batch_size=10, collate_fn=list) as loader:
+        first = next(iter(loader))[0]
+    assert set(first) == {"id", "__shard__", "__row__"}
+
+
+def test_the_order_is_the_same_whatever_num_workers(folder: Path) -> None:
+    runs = []
+    for workers in (0, 3):
+        dataset = ParquetShards(
+            FileDataset(names(), root=folder), interleave=2, shuffle=True, shuffle_buffer=11
+        )
+        with DataLoader(
+            dataset, batch_size=6, num_workers=workers, seed=2, collate_fn=list
+        ) as loader:
+            runs.append(ids(loader))
+    assert runs[0] == runs[1]
+    assert sorted(runs[0]) == sorted(s * 1000 + i for s in range(SHARDS) for i in range(ROWS))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_checkpoint_of_parquet_shards_resumes_exactly(folder: Path, mode: str) -> None:
+    def make() -> DataLoader:
+        dataset = ParquetShards(
+            FileDataset(names(), root=folder), interleave=2, shuffle=True, shuffle_buffer=9
+        )
+        return DataLoader(
+            dataset, batch_size=7, seed=5, collate_fn=lambda rows: [r["id"] for r in rows]
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) > 20
+
+
+def test_ranks_read_disjoint_shards(folder: Path) -> None:
+    shares = []
+    for rank in range(2):
+        dataset = ParquetShards(FileDataset(names(), root=folder), shuffle=True)
+        with DataLoader(dataset, batch_size=8, rank=rank, world_size=2, collate_fn=list) as loader:
+            shares.append(ids(loader))
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == sorted(
+        s * 1000 + i for s in range(SHARDS) for i in range(ROWS)
+    )
+
+
+def test_a_broken_shard_fails_its_place_and_the_epoch_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "good.parquet").write_bytes(parquet_bytes(0))
+    (tmp_path / "text.parquet").write_bytes(b"not parquet at all" * 10)
+    (tmp_path / "cut.parquet").write_bytes(parquet_bytes(1)[:-20])
+    files = ["text.parquet", "good.parquet", "cut.parquet", "missing.parquet"]
+    dataset = ParquetShards(FileDataset(files, root=tmp_path), interleave=1)
+    errors: list[str] = []
+    rows: list[int] = []
+    with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                rows.append(next(iterator)["id"])
+            except StopIteration:
+                break
+            except OSError as error:
+                errors.append(str(error))
+    assert rows == list(range(ROWS))
+    assert len(errors) == 3
+    for name, message in zip(["text", "cut", "missing"], errors, strict=True):
+        assert f"{name}.parquet" in message
+
+
+def test_a_row_group_over_max_bytes_fails_before_it_is_read(folder: Path) -> None:
+    dataset = ParquetShards(FileDataset(names()[:1], root=folder), max_bytes=10)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+    with loader, pytest.raises(OSError, match=r"row group 0 is \d+ bytes, over max_bytes=10"):
+        next(iter(loader))
+
+
+def test_settings_are_checked(folder: Path) -> None:
+    with pytest.raises(TypeError, match="read by ranges"):
+        ParquetShards(HttpDataset(["http://127.0.0.1:1/x.parquet"]))
+    with pytest.raises(TypeError, match="columns"):
+        ParquetShards(FileDataset(names(), root=folder), columns="id")
+    with pytest.raises(ValueError, match="interleave"):
+        ParquetShards(FileDataset(names(), root=folder), interleave=0)
+
+
+@pytest.fixture(scope="module")
+def bucket() -> Iterator[str]:
+    objects = {f"rows/{shard}.parquet": parquet_bytes(shard) for shard in range(SHARDS)}
+    with run_moto("tables", objects) as moto:
+        yield moto.endpoint
+
+
+def test_parquet_shards_on_s3_read_by_ranges(bucket: str) -> None:
+    store = ObjectStoreDataset(
+        "s3://tables/rows", names(), endpoint=bucket, allow_http=True, **CREDENTIALS
+    )
+    dataset = ParquetShards(store, interleave=2, columns=["id", "text"])
+    with DataLoader(dataset, batch_size=10, num_workers=2, collate_fn=list) as loader:
+        got = ids(loader)
+    assert sorted(got) == sorted(s * 1000 + i for s in range(SHARDS) for i in range(ROWS))
