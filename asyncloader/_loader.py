@@ -224,11 +224,12 @@ class DataLoader:
             return {**json.loads(json.dumps(resume.state)), "rank": self.rank}
         return self._epochs.state(self._progress, self._epoch)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Continue from ``state``: the next epoch yields the batches it had not yet handed over.
 
         Loaded by a different number of ranks than saved it, the epoch continues elastically:
-        this rank gets its share of the samples that no rank had received.
+        this rank gets its share of the samples that no rank had received. For shards
+        (``TarShards``, ``ParquetShards``), pass the list of the states every rank saved.
 
         Raises:
             ValueError: The state is not one this loader could have saved: a field missing,

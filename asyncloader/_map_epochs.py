@@ -78,6 +78,8 @@ class MapEpochs:
             ValueError: The state is refused (:func:`._state.check_state`); nothing changed.
         """
         order = self._order
+        if isinstance(state, list):  # every rank's state: any one says where the epoch is
+            state = state[0] if state else None
         resume, generator = check_state(state, self._expected())
         restore_sampler(order.source, resume.state["sampler"], generator)
         if not order.seed_given:

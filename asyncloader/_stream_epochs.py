@@ -78,7 +78,7 @@ def write_stream_state(
     }
 
 
-def check_stream_state(state: object, expected: StreamExpected) -> Resume:
+def check_stream_state(state: object, expected: StreamExpected, elastic: bool = False) -> Resume:
     """Check a whole stream state against this loader, changing nothing.
 
     Raises:
@@ -93,7 +93,9 @@ def check_stream_state(state: object, expected: StreamExpected) -> Resume:
             "and the state is not a stream loader's"
         )
     epoch, batches, seed, world_size = check_layout(state, _FIELDS)
-    for key in ("batch_size", "drop_last", "world_size"):
+    for key in (
+        ("batch_size", "drop_last") if elastic else ("batch_size", "drop_last", "world_size")
+    ):
         ours = getattr(expected, key)
         if state[key] != ours or type(state[key]) is not type(ours):
             raise ValueError(
@@ -182,6 +184,8 @@ class StreamEpochs:
             ValueError: The state is refused (:func:`check_stream_state`), or the stream's
                 ``load_state_dict`` refused its part; nothing changed.
         """
+        if isinstance(state, list):
+            return self._load_elastic(state)
         resume = check_stream_state(state, self._expected())
         source, name = resume.state["source"], type(self.dataset).__name__
         if source is not None:
@@ -200,6 +204,37 @@ class StreamEpochs:
         if not self._order.seed_given:
             self._order.adopt_seed(resume.state["seed"])
         return resume
+
+    def _load_elastic(self, states: list[Any]) -> Resume:
+        """States of every rank of another number of ranks: the rest of their epoch, re-split
+        over this loader's ranks by the stream itself (``load_elastic``)."""
+        name = type(self.dataset).__name__
+        if not states:
+            raise ValueError("an elastic resume needs the state of every rank, got none")
+        resumes = [check_stream_state(state, self._expected(), elastic=True) for state in states]
+        first = resumes[0].state
+        for key in ("epoch", "batches_received", "seed", "world_size"):
+            if any(resume.state[key] != first[key] for resume in resumes):
+                raise ValueError(f"the states of the ranks differ in {key}")
+        if sorted(resume.state["rank"] for resume in resumes) != list(range(first["world_size"])):
+            raise ValueError(
+                f"an elastic resume needs one state of each of {first['world_size']} ranks"
+            )
+        load_elastic = getattr(self.dataset, "load_elastic", None)
+        if load_elastic is None:
+            raise ValueError(f"{name} cannot re-split an epoch over other ranks (no load_elastic)")
+        sources = [resume.state["source"] for resume in resumes]
+        if any(source is None for source in sources):
+            raise ValueError("state source: a rank's state holds no state of the stream")
+        try:
+            load_elastic(sources, self._order.rank, self._order.world_size)
+        except Exception as error:
+            raise ValueError(f"state source: {name}.load_elastic refused it: {error}") from error
+        if not self._order.seed_given:
+            self._order.adopt_seed(first["seed"])
+        own = json.dumps(self.dataset.state_dict())
+        state = write_stream_state(self._expected(), self._order.rank, first["epoch"], 0, own)
+        return Resume(first["epoch"], 0, self._order.world_size, 0, state)
 
     def start(self, epoch: int, resume: Resume | None, io: ThreadPool) -> EpochStart:
         """The batches of epoch ``epoch``, after those a loaded state had received."""

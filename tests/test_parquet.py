@@ -169,3 +169,30 @@ def test_parquet_shards_on_s3_read_by_ranges(bucket: str) -> None:
     with DataLoader(dataset, batch_size=10, num_workers=2, collate_fn=list) as loader:
         got = ids(loader)
     assert sorted(got) == sorted(s * 1000 + i for s in range(SHARDS) for i in range(ROWS))
+
+
+def test_a_state_of_two_ranks_resumes_over_three(folder: Path) -> None:
+    def make(rank: int, world_size: int) -> DataLoader:
+        dataset = ParquetShards(
+            FileDataset(names(), root=folder), interleave=2, shuffle=True, shuffle_buffer=6
+        )
+        return DataLoader(
+            dataset, batch_size=5, rank=rank, world_size=world_size, seed=1, collate_fn=list
+        )
+
+    states, before = [], []
+    for rank in range(2):
+        with make(rank, 2) as loader:
+            iterator: Any = iter(loader)
+            for _ in range(2):
+                before += [row["id"] for row in next(iterator)]
+            states.append(loader.state_dict())
+            iterator.close()
+    after = []
+    for rank in range(3):
+        with make(rank, 3) as restored:
+            restored.load_state_dict(states)
+            after += ids(restored)
+    everything = [s * 1000 + i for s in range(SHARDS) for i in range(ROWS)]
+    assert len(before) + len(after) == len(everything)
+    assert sorted(before + after) == everything

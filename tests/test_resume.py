@@ -75,7 +75,7 @@ def test_resume_is_exact_from_every_point(
 
 def test_the_checker_catches_a_loader_that_does_not_resume() -> None:
     class Forgetful(DataLoader):
-        def load_state_dict(self, state: dict[str, Any]) -> None:
+        def load_state_dict(self, state: Any) -> None:
             pass
 
     with pytest.raises(AssertionError, match="differs or is missing"):
@@ -139,7 +139,7 @@ def test_incompatible_states_are_refused_saying_what_differs(
         with pytest.raises(ValueError, match=message):
             loader.load_state_dict(state)
     with pytest.raises(ValueError, match="dict"):
-        DataLoader(SyncData(1)).load_state_dict([])  # type: ignore[arg-type]
+        DataLoader(SyncData(1)).load_state_dict([])
 
 
 def test_an_os_drawn_seed_is_taken_from_the_state() -> None:

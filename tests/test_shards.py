@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import json
 import os
 import tarfile
 import threading
@@ -31,6 +32,7 @@ from asyncloader.datasets._tar import ShardError
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .servers import FaultServer, run_moto
+from .test_streams import Numbers
 
 CREDENTIALS: dict[str, Any] = {
     "access_key_id": "testing",
@@ -496,3 +498,73 @@ def test_ranks_without_a_seed_still_share_one_order(folder: Path) -> None:
             shares.append(keys(loader))
     assert not set(shares[0]) & set(shares[1])
     assert len(shares[0]) + len(shares[1]) == SHARDS * PER_SHARD
+
+
+def two_rank_states(folder: Path, batches: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The states two ranks saved after ``batches`` batches each, and what they received."""
+    states, received = [], []
+    for rank in range(2):
+        loader = DataLoader(
+            mixed(folder), batch_size=4, rank=rank, world_size=2, seed=8, collate_fn=list
+        )
+        with loader:
+            iterator: Any = iter(loader)
+            for _ in range(batches):
+                received += [sample["__key__"] for sample in next(iterator)]
+            states.append(loader.state_dict())
+            iterator.close()
+    return json.loads(json.dumps(states)), received
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_state_of_two_ranks_resumes_over_another_number_of_ranks(
+    folder: Path, world_size: int
+) -> None:
+    states, before = two_rank_states(folder, batches=3)
+    after: list[str] = []
+    for rank in range(world_size):
+        restored = DataLoader(
+            mixed(folder), batch_size=4, rank=rank, world_size=world_size, seed=8, collate_fn=list
+        )
+        with restored:
+            restored.load_state_dict(states)
+            after += keys(restored)
+    everything = [k for shard in range(SHARDS) for k in keys_of(shard)]
+    assert len(before) + len(after) == len(everything)  # nothing twice
+    assert sorted(before + after) == sorted(everything)  # nothing left out
+
+
+def test_checkpoints_within_an_elastic_epoch_resume_exactly(folder: Path) -> None:
+    states, _ = two_rank_states(folder, batches=2)
+
+    def make() -> DataLoader:
+        loader = DataLoader(
+            mixed(folder),
+            batch_size=4,
+            rank=1,
+            world_size=3,
+            seed=8,
+            collate_fn=lambda samples: [s["__key__"] for s in samples],
+        )
+        loader.load_state_dict(states)
+        return loader
+
+    assert assert_equal_output_after_checkpoint(make, epochs=1) > 3
+
+
+def test_an_elastic_resume_needs_every_rank_of_one_epoch(folder: Path) -> None:
+    states, _ = two_rank_states(folder, batches=1)
+    loader = DataLoader(mixed(folder), batch_size=4, seed=8, collate_fn=list)
+    for bad, match in [
+        ([states[0]], "one state of each of 2 ranks"),
+        ([states[0], states[0]], "one state of each"),
+        ([states[0], {**states[1], "epoch": 3}], "differ in epoch"),
+        ([], "got none"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            loader.load_state_dict(bad)
+    assert loader.state_dict()["batches_received"] == 0
+    plain = DataLoader(Numbers(10), batch_size=4, seed=8)
+    stream_states = [{**plain.state_dict(), "rank": r, "world_size": 2} for r in range(2)]
+    with pytest.raises(ValueError, match="cannot re-split"):
+        plain.load_state_dict(stream_states)

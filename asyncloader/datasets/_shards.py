@@ -28,7 +28,7 @@ from ._http import _check_max_bytes
 from ._redact import redact_url
 from ._streaming import Blocking, Sink
 from ._tar import ShardError, TarParser
-from ._walk import Walk, check_walk, draw
+from ._walk import Walk, check_walk, draw, regroup
 
 _END: Final = object()
 
@@ -65,11 +65,18 @@ class Shard:
     """
 
     def __init__(
-        self, name: str, buffer: int, skip: int, produce: Callable[[Shard], Awaitable[None]]
+        self,
+        name: str,
+        buffer: int,
+        skip: int,
+        produce: Callable[[Shard], Awaitable[None]],
+        keep: list[int] | None = None,
     ) -> None:
         self.name = name
         self._buffer = buffer
         self._skip = skip
+        self._keep = None if keep is None else frozenset(keep)
+        self._place = 0  # of the next sample the producer puts
         self._items: deque[Any] = deque()
         self._done = False
         self._ready = asyncio.Event()
@@ -96,6 +103,9 @@ class Shard:
 
     def put(self, item: Any) -> None:
         """The shard's next sample (or fault), from its producer."""
+        place, self._place = self._place, self._place + 1
+        if self._keep is not None and place not in self._keep:
+            return
         if self._skip:
             self._skip -= 1
             return
@@ -105,7 +115,7 @@ class Shard:
     def skip_ahead(self, count: int) -> bool:
         """Drop ``count`` samples unread if all of them are still to be skipped (a resumed
         walk's whole row group, say); whether they were."""
-        if self._skip < count:
+        if self._keep is not None or self._skip < count:
             return False
         self._skip -= count
         return True
@@ -214,12 +224,49 @@ class ShardStream:
             ValueError: The state is not one these settings could have saved (the message
                 names the field); nothing changed.
         """
-        self._loaded = check_walk(state, self.interleave, self.shuffle_buffer) if state else None
+        count = len(self.shards)
+        self._loaded = (
+            check_walk(state, self.interleave, self.shuffle_buffer, count) if state else None
+        )
+
+    def load_elastic(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
+        """Make the next epoch of the same number the rest of the epoch that the ranks whose
+        ``states`` these are had walked, re-split for rank ``rank`` of ``world_size``: every
+        sample none of them had handed out, exactly once over the new ranks.
+
+        Raises:
+            ValueError: A state is refused, or they are not one of each rank of one epoch.
+        """
+        count = len(self.shards)
+        walks = [check_walk(state, self.interleave, self.shuffle_buffer, count) for state in states]
+        if not walks:
+            raise ValueError("TarShards elastic resume needs the state of every rank, got none")
+        first = walks[0]
+        if sorted(w.rank for w in walks) != list(range(first.world_size)) or any(
+            (w.epoch, w.seed, w.world_size) != (first.epoch, first.seed, first.world_size)
+            for w in walks
+        ):
+            raise ValueError(
+                "TarShards elastic resume needs one state of each rank of one epoch and seed, "
+                f"got ranks {sorted(w.rank for w in walks)} of world sizes "
+                f"{sorted({w.world_size for w in walks})}"
+            )
+        walks.sort(key=lambda w: w.rank)
+        orders = []
+        for walk in walks:
+            info = StreamInfo(walk.rank, walk.world_size, walk.epoch, walk.seed, 0)
+            order = self.order(info) if walk.plan is None else [u[0] for u in walk.plan]
+            if len(order) != walk.shards:
+                raise ValueError(f"TarShards state of rank {walk.rank} names another shard count")
+            orders.append(order)
+        self._loaded = regroup(walks, orders, rank, world_size, self.interleave)
 
     def _begin(self, info: StreamInfo, order: list[int]) -> Walk:
         loaded, self._loaded = self._loaded, None
         here = (info.epoch, info.seed, info.rank, info.world_size, len(order))
         if loaded is not None:
+            if loaded.plan is not None:  # an elastic epoch's units, not the rank's shards
+                here = (*here[:4], len(loaded.plan))
             saved = (loaded.epoch, loaded.seed, loaded.rank, loaded.world_size, loaded.shards)
             if saved[0] == info.epoch:
                 if saved != here:
@@ -237,9 +284,9 @@ class ShardStream:
         threads = ThreadPool(self.interleave, "asyncloader-shard")
 
         def start(position: int, skip: int = 0) -> Shard:
-            index = order[position]
+            index, first, keep = walk.unit(order, position)
             producer = self._producer(index, threads.run)
-            return Shard(_name(self.shards, index), self.buffer, skip, producer)
+            return Shard(_name(self.shards, index), self.buffer, first + skip, producer, keep)
 
         readers = [start(p, taken) for p, taken in walk.slots]
         # The next shards' requests start before their turn, so that a shard's end does not

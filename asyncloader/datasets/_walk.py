@@ -60,6 +60,17 @@ class Walk:
     """``[p, i]`` of each sample in the shuffle buffer, in the buffer's order."""
     draws: int = 0
     """Draws of the shuffle buffer so far (see :func:`draw`)."""
+    plan: list[list[Any]] | None = None
+    """For an epoch re-split over other ranks (:func:`regroup`): the rank's units of work,
+    ``[shard, skip, keep]`` each (the shard's samples after the first ``skip``, or only those
+    at the places in ``keep``); ``None``: the rank's share of the shards, whole."""
+
+    def unit(self, order: list[int], p: int) -> tuple[int, int, list[int] | None]:
+        """Position ``p``'s shard, the samples to skip, and the samples to keep."""
+        if self.plan is None:
+            return order[p], 0, None
+        shard, skip, keep = self.plan[p]
+        return shard, skip, keep
 
     @property
     def base(self) -> int:
@@ -89,6 +100,7 @@ class Walk:
             "turn": self.turn,
             "buffered": [list(place) for place in self.buffered],
             "draws": self.draws,
+            **({} if self.plan is None else {"plan": [list(unit) for unit in self.plan]}),
         }
 
 
@@ -115,7 +127,28 @@ def _pairs(state: dict[str, Any], key: str, first_below: int) -> list[list[int]]
     return pairs
 
 
-def check_walk(state: object, interleave: int, buffer_size: int) -> Walk:
+def _plan(value: object, count: int) -> list[list[Any]]:
+    if not isinstance(value, list):
+        raise ValueError(f"TarShards state plan must be a list, got {type(value).__name__}")
+    plan: list[list[Any]] = []
+    for unit in value:
+        ok = isinstance(unit, list) and len(unit) == 3
+        ok = ok and all(_count(v) for v in unit[:2]) and unit[0] < count
+        keep = unit[2] if ok else None
+        if keep is not None:
+            ok = isinstance(keep, list) and all(_count(v) for v in keep)
+            ok = ok and keep == sorted(set(keep)) and unit[1] == 0
+        if not ok:
+            raise ValueError(f"TarShards state plan: {unit!r} is not a [shard, skip, keep] unit")
+        plan.append([unit[0], unit[1], keep])
+    return plan
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_walk(state: object, interleave: int, buffer_size: int, count: int) -> Walk:
     """A loaded state as a walk, checked whole.
 
     Raises:
@@ -148,4 +181,45 @@ def check_walk(state: object, interleave: int, buffer_size: int) -> Walk:
     if any(p in taken and i >= taken[p] for p, i in buffered):
         raise ValueError("TarShards state buffered names a sample not yet taken from its shard")
     draws = _int(state, "draws", 0)
-    return Walk(epoch, seed, rank, world_size, shards, opened, slots, turn, buffered, draws)
+    plan = _plan(state["plan"], count) if "plan" in state else None
+    if plan is not None and len(plan) != shards:
+        raise ValueError(f"TarShards state plan has {len(plan)} units, not its shards {shards}")
+    walk = Walk(epoch, seed, rank, world_size, shards, opened, slots, turn, buffered, draws)
+    walk.plan = plan
+    return walk
+
+
+def regroup(
+    walks: list[Walk], orders: list[list[int]], rank: int, world_size: int, interleave: int
+) -> Walk:
+    """The rest of an epoch that ``len(walks)`` ranks had walked, as rank ``rank`` of
+    ``world_size`` walks it: every sample no rank had handed out, exactly once over the new
+    ranks.
+
+    The rest is a list of units, the same on every new rank: each old rank's open shards
+    from the samples it had taken, then the samples in each old rank's buffer (kept, by shard),
+    then the shards no rank had opened (the old ranks' in turn). Rank ``r`` takes units
+    ``r``, ``r + world_size``, ...: its plan.
+    """
+    partial: list[list[Any]] = []
+    buffered: list[list[Any]] = []
+    pending: list[list[list[Any]]] = []
+    for walk, order in zip(walks, orders, strict=True):
+        for p, taken in walk.slots:
+            shard, skip, keep = walk.unit(order, p)
+            rest = [shard, skip + taken, None] if keep is None else [shard, 0, keep[taken:]]
+            partial.append(rest)
+        places: dict[int, list[int]] = {}
+        for p, i in walk.buffered:
+            shard, skip, keep = walk.unit(order, p)
+            places.setdefault(shard, []).append(skip + i if keep is None else keep[i])
+        buffered += [[shard, 0, sorted(kept)] for shard, kept in places.items()]
+        pending.append([list(walk.unit(order, p)) for p in range(walk.opened, walk.shards)])
+    units = [unit for unit in partial + buffered if unit[2] != []]
+    for turn in range(max((len(p) for p in pending), default=0)):
+        units += [rank_pending[turn] for rank_pending in pending if turn < len(rank_pending)]
+    mine = units[rank::world_size]
+    first = walks[0]
+    walk = Walk.start(first.epoch, first.seed, rank, world_size, len(mine), interleave)
+    walk.plan = mine
+    return walk
