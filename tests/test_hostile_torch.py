@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler
+from torch.utils.data import BatchSampler, IterableDataset, get_worker_info
 from torch.utils.data import DistributedSampler as TorchDistributedSampler
 from torch.utils.data import RandomSampler as TorchRandomSampler
 
@@ -82,3 +83,32 @@ def test_generator_seeds_the_shuffle_reproducibly() -> None:
         DataLoader(SyncData(3), shuffle=True, seed=1, generator=torch.Generator())
     with pytest.raises(TypeError, match="generator"):
         DataLoader(SyncData(3), shuffle=True, generator=np.random.default_rng(0))
+
+
+class Split(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
+    """The torch idiom: each worker reads its share (``get_worker_info``)."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        if info is None:
+            return iter(range(12))
+        return iter(range(info.id, 12, info.num_workers))
+
+
+class Unaware(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(12))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 4])
+def test_a_torch_iterable_dataset_is_read_once_whatever_num_workers(workers: int) -> None:
+    for dataset in (Unaware(), Split()):
+        with DataLoader(dataset, batch_size=4, num_workers=workers) as loader:
+            assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    # The trap this avoids: torch's own loader reads an unaware dataset once per worker.
+    torch_items = sorted(
+        int(x)
+        for batch in torch.utils.data.DataLoader(Unaware(), batch_size=4, num_workers=2)
+        for x in batch
+    )
+    assert torch_items == sorted(list(range(12)) * 2)

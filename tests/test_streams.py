@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from asyncloader import DataLoader, StreamInfo, stream_info
 from asyncloader.testing import assert_equal_output_after_checkpoint
@@ -239,35 +237,6 @@ def test_break_closes_the_iterator_and_the_epoch_after_it_starts_afresh() -> Non
             break
         assert closed.wait(10)
         assert next(iter(loader)).tolist() == list(range(10))
-
-
-class Split(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
-    """The torch idiom: each worker reads its share (``get_worker_info``)."""
-
-    def __iter__(self) -> Iterator[int]:
-        info = get_worker_info()
-        if info is None:
-            return iter(range(12))
-        return iter(range(info.id, 12, info.num_workers))
-
-
-class Unaware(IterableDataset[int]):  # type: ignore[misc,unused-ignore]
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(12))
-
-
-@pytest.mark.parametrize("workers", WORKERS)
-def test_a_torch_iterable_dataset_is_read_once_whatever_num_workers(workers: int) -> None:
-    for dataset in (Unaware(), Split()):
-        with DataLoader(dataset, batch_size=4, num_workers=workers) as loader:
-            assert _lists(loader) == _expected(12, 4)
-    # The trap this avoids: torch's own loader reads an unaware dataset once per worker.
-    torch_items = sorted(
-        int(x)
-        for batch in torch.utils.data.DataLoader(Unaware(), batch_size=4, num_workers=2)
-        for x in batch
-    )
-    assert torch_items == sorted(list(range(12)) * 2)
 
 
 def test_a_stream_that_splits_itself_reads_the_rank_epoch_and_seed() -> None:
