@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import re
 import struct
 import threading
 import zlib
@@ -65,6 +66,8 @@ class FaultServer:
         app.router.add_get("/bomb", self.bomb)
         app.router.add_get("/files/{name}", self.file)
         app.router.add_get("/files-cut/{name}", self.file_cut)
+        app.router.add_get("/ranged/{name}", self.ranged)
+        app.router.add_get("/wrong-range/{name}", self.wrong_range)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -190,6 +193,28 @@ class FaultServer:
         if data is None:
             return web.Response(status=404)
         return web.Response(body=data)
+
+    async def ranged(self, request: web.Request) -> web.Response:
+        """``/files/{name}`` that answers ``Range: bytes=a-b`` with 206 and that range."""
+        self._hit(request)
+        data = self.files[request.match_info["name"]]
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if asked is None:
+            return web.Response(body=data)
+        first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
+        return web.Response(
+            status=206,
+            body=data[first : last + 1],
+            headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
+        )
+
+    async def wrong_range(self, request: web.Request) -> web.Response:
+        """206 with the first bytes of the file, whatever range was asked for."""
+        self._hit(request)
+        data = self.files[request.match_info["name"]]
+        return web.Response(
+            status=206, body=data[:100], headers={"Content-Range": f"bytes 0-99/{len(data)}"}
+        )
 
     async def file_cut(self, request: web.Request) -> web.StreamResponse:
         self._hit(request)

@@ -16,7 +16,7 @@ import pytest
 from asyncloader import DataLoader, FileDataset, HttpDataset, ObjectStoreDataset, ParquetShards
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
-from .servers import run_moto
+from .servers import FaultServer, run_moto
 
 CREDENTIALS: dict[str, Any] = {
     "access_key_id": "testing",
@@ -146,8 +146,8 @@ def test_a_row_group_over_max_bytes_fails_before_it_is_read(folder: Path) -> Non
 
 
 def test_settings_are_checked(folder: Path) -> None:
-    with pytest.raises(TypeError, match="read by ranges"):
-        ParquetShards(HttpDataset(["http://127.0.0.1:1/x.parquet"]))
+    with pytest.raises(TypeError, match="open_file"):
+        ParquetShards([str(folder / "0.parquet")])
     with pytest.raises(TypeError, match="columns"):
         ParquetShards(FileDataset(names(), root=folder), columns="id")
     with pytest.raises(ValueError, match="interleave"):
@@ -196,3 +196,28 @@ def test_a_state_of_two_ranks_resumes_over_three(folder: Path) -> None:
     everything = [s * 1000 + i for s in range(SHARDS) for i in range(ROWS)]
     assert len(before) + len(after) == len(everything)
     assert sorted(before + after) == everything
+
+
+def test_parquet_shards_over_http_read_by_range_requests(server: FaultServer) -> None:
+    for shard in range(SHARDS):
+        server.files[f"{shard}.parquet"] = parquet_bytes(shard)
+    urls = [f"{server.url}/ranged/{name}" for name in names()]
+    dataset = ParquetShards(HttpDataset(urls), interleave=2, columns=["id"])
+    with DataLoader(dataset, batch_size=10, num_workers=2, collate_fn=list) as loader:
+        got = ids(loader)
+    assert sorted(got) == sorted(s * 1000 + i for s in range(SHARDS) for i in range(ROWS))
+    assert server.hits[f"/ranged/{names()[0]}"] >= 3  # the size, the footer, the row groups
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [("files", "does not serve byte ranges"), ("wrong-range", "the server sent 'bytes 0-99/")],
+)
+def test_a_server_that_does_not_answer_the_range_fails_its_shard(
+    server: FaultServer, route: str, message: str
+) -> None:
+    server.files["whole.parquet"] = parquet_bytes(0)
+    dataset = ParquetShards(HttpDataset([f"{server.url}/{route}/whole.parquet"]))
+    loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+    with loader, pytest.raises(OSError, match=message):
+        next(iter(loader))

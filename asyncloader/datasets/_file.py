@@ -119,7 +119,7 @@ class FileDataset:
         finally:
             file.close()
 
-    def open_file(self, index: int) -> IO[bytes]:
+    def open_file(self, index: int, loop: object = None) -> IO[bytes]:
         """File ``index`` opened for reading anywhere in it (blocking): beneath ``root``, a
         regular file within ``max_bytes``, as an item is."""
         location = self.locations[index]

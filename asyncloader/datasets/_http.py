@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import io
 import os
 import re
 from collections.abc import AsyncGenerator, Mapping
@@ -247,18 +248,63 @@ class HttpDataset:
         session = self._current() or await self._open_session()
         await retrying(self.retry, attempt)
 
+    def open_file(self, index: int, loop: asyncio.AbstractEventLoop | None = None) -> _Ranges:
+        """Item ``index`` as a file read anywhere in it on another thread (blocking), each
+        read one ``Range`` GET made on ``loop`` (for a Parquet reader). A server that does not
+        answer a range with 206 and the range asked for fails the read."""
+        if loop is None:
+            raise ValueError("HttpDataset.open_file needs the event loop that makes its requests")
+        url = self.locations[index]
+        assert isinstance(url, str)
+        return _Ranges(self, url, loop)
+
+    async def get_range(self, url: str, start: int, length: int) -> tuple[bytes, int]:
+        """Bytes ``start`` to ``start + length - 1`` of ``url``'s body, and the body's size."""
+        session = self._current() or await self._open_session()
+        asked = f"bytes={start}-{start + length - 1}"
+        shown = redact_url(url)
+
+        async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, int]:
+            given = response.headers.get("Content-Range", "")
+            match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
+            if response.status != 206 or match is None:
+                raise AttemptFailed(
+                    OSError(
+                        f"GET {shown}: HTTP {response.status}, not the range asked for "
+                        "(the server does not serve byte ranges)"
+                    ),
+                    transient=False,
+                )
+            first, last, total = (int(v) for v in match.groups())
+            if first != start or last >= start + length or last < first:
+                raise AttemptFailed(
+                    OSError(f"GET {shown}: the server sent {given[:60]!r} for {asked!r}"),
+                    transient=False,
+                )
+            data = await _read_at_most(response.content, last - first + 1, url)
+            if len(data) != last - first + 1:
+                raise AttemptFailed(OSError(f"GET {shown}: the range ended early"), transient=True)
+            return data, total
+
+        result: tuple[bytes, int] = await retrying(
+            self.retry, lambda: self._attempt(session, url, take, None, {"Range": asked})
+        )
+        return result
+
     async def _attempt(
         self,
         session: aiohttp.ClientSession,
         url: str,
         consume: Any = None,
         timeout: Any = None,
+        extra: dict[str, str] | None = None,
     ) -> Any:
         aiohttp = self._aiohttp
         consume = consume or self._body
         try:
             target: str | yarl.URL = url
-            headers = self.headers or None
+            # ``extra`` (a Range) is about the resource, not a credential: it goes everywhere.
+            headers = {**self.headers, **extra} if extra else self.headers or None
             for hop in range(self.max_redirects + 1):
                 request = (
                     session.get(target, allow_redirects=False, headers=headers)
@@ -271,8 +317,8 @@ class HttpDataset:
                     status = response.status
                     if status in REDIRECTS:
                         target = self._redirect(response, url, hop)
-                        if headers is not None and target.origin() != self._url(url).origin():
-                            headers = None  # and none again, wherever the chain goes next
+                        if target.origin() != self._url(url).origin():
+                            headers = extra  # and only it again, wherever the chain goes next
                         continue
                     if not 200 <= status < 300:
                         raise AttemptFailed(
@@ -448,3 +494,48 @@ async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
                 transient=False,
             )
         chunks.append(chunk)
+
+
+class _Ranges(io.RawIOBase):
+    """An HTTP body as a seekable file whose reads are ``Range`` GETs on the dataset's loop,
+    made from another thread (a Parquet reader's)."""
+
+    def __init__(self, dataset: HttpDataset, url: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._dataset, self._url, self._loop, self._at = dataset, url, loop, 0
+        self._size = self._get(0, 1)[1]
+        if dataset.max_bytes is not None and self._size > dataset.max_bytes:
+            raise ValueError(
+                f"GET {redact_url(url)}: {self._size} bytes, over max_bytes={dataset.max_bytes}"
+            )
+
+    def _get(self, start: int, length: int) -> tuple[bytes, int]:
+        future = asyncio.run_coroutine_threadsafe(
+            self._dataset.get_range(self._url, start, length), self._loop
+        )
+        # Bounded: a loop that closes under a read must not leave this thread waiting forever.
+        retries = self._dataset.retry.max_retries + 1
+        return future.result(timeout=self._dataset.timeout * retries + 60)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        count = min(len(buffer), self._size - self._at)
+        if count <= 0:
+            return 0
+        data = self._get(self._at, count)[0]
+        buffer[: len(data)] = data
+        self._at += len(data)
+        return len(data)

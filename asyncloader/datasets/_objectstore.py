@@ -267,7 +267,7 @@ class ObjectStoreDataset:
                 raise _translate(error, what) from None
             await sink(chunk)
 
-    def open_file(self, index: int) -> _Ranges:
+    def open_file(self, index: int, loop: object = None) -> _Ranges:
         """Object ``index`` as a file read anywhere in it (blocking): each read one range GET
         (a byte range is not a shard, and is refused)."""
         location = self.locations[index]

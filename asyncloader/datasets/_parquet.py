@@ -4,11 +4,12 @@ The shards' walk (order, ranks, round-robin, shuffle buffer, exact resume) is
 :class:`._shards.ShardStream`'s; a Parquet shard is read one row group at a time on the
 shards' threads (pyarrow releases the interpreter lock while it reads and decodes), the
 footer first, then each row group's column chunks: from a file, reads of it; from an object
-store, range GETs. A resumed walk skips the row groups it had taken whole, unread.
+store or an HTTP server, range GETs. A resumed walk skips the row groups it had taken whole, unread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -27,11 +28,11 @@ class _Opened:
         self.raw: Any = None
         self.file: Any = None
 
-    def open(self, source: Any, index: int) -> Any:
+    def open(self, source: Any, index: int, loop: asyncio.AbstractEventLoop) -> Any:
         import pyarrow.parquet as pq
 
         with self.lock:
-            self.raw = source.open_file(index)
+            self.raw = source.open_file(index, loop)
             self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
             return self.file.metadata
 
@@ -58,9 +59,10 @@ class ParquetShards(ShardStream):
     ``"__shard__"`` and ``"__row__"`` (its place in the shard).
 
     Args:
-        shards: The dataset whose items are the shards: a :class:`FileDataset` or an
-            :class:`ObjectStoreDataset` (Parquet is read by ranges; an :class:`HttpDataset`
-            reads whole bodies, and is refused).
+        shards: The dataset whose items are the shards: a :class:`FileDataset`, an
+            :class:`ObjectStoreDataset` or an :class:`HttpDataset` (Parquet is read by
+            ranges: reads of a file, range GETs of an object or a URL, whose server must
+            answer ``Range`` requests).
         columns: The columns read (all by default).
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
@@ -90,8 +92,8 @@ class ParquetShards(ShardStream):
             ) from error
         if not callable(getattr(shards, "open_file", None)) or not hasattr(shards, "__len__"):
             raise TypeError(
-                "shards must be a FileDataset or ObjectStoreDataset (Parquet is read by ranges), "
-                f"got {type(shards).__name__}"
+                "shards must be a FileDataset, ObjectStoreDataset or HttpDataset (a dataset "
+                f"with open_file and __len__), got {type(shards).__name__}"
             )
         if columns is not None and (
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
@@ -113,7 +115,7 @@ class ParquetShards(ShardStream):
         async def produce(shard: Shard) -> None:
             opened = _Opened()
             try:
-                meta = await blocking(opened.open, source, index)
+                meta = await blocking(opened.open, source, index, asyncio.get_running_loop())
                 first = 0
                 for group in range(meta.num_row_groups):
                     info = meta.row_group(group)
