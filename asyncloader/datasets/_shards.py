@@ -1,13 +1,14 @@
-"""``TarShards``: WebDataset samples streamed from tar shards on files, HTTP or object stores.
+"""The walk through an epoch's shards (``TarShards``, and ``ParquetShards`` in :mod:`._parquet`).
 
 Each epoch orders the shards (permuted by ``(seed, epoch)`` with ``shuffle=True``), gives every
 rank its share, and reads ``interleave`` of them at once: each shard with one streaming read
 (the ``stream`` method of the dataset that locates the shards) by a task of its own, parsed on
-the event loop as its chunks arrive (:mod:`._tar`), at most ``buffer`` samples ahead. Samples
-are taken from the open shards in turn, a fixed round-robin, and a shard that ends gives its
-turn to the next shard in the order, so the samples' order depends only on the shards, the
-seed, the epoch and ``interleave``: never on ``num_workers`` or timing. A shard that fails
-(cannot be opened, is not a tar, ends early, has a bad member) yields one
+the event loop as its chunks arrive (:mod:`._tar`), at most ``buffer`` samples ahead; the next
+``interleave`` shards are already requested, so that a shard's end does not stall the turn.
+Samples are taken from the open shards in turn, a fixed round-robin, and a shard that ends
+gives its turn to the next shard in the order, so the samples' order depends only on the
+shards, the seed, the epoch and ``interleave``: never on ``num_workers`` or timing. A shard
+that fails (cannot be opened, is not a tar, ends early, has a bad member) yields one
 :class:`~asyncloader.SampleError` naming it and the member, in its place in the order, and the
 epoch goes on with the next shard.
 """

@@ -10,9 +10,9 @@ as tarfile's ``r|*`` mode would) and returns the samples each chunk completes, s
 read with one streaming request and parsed on the event loop as it comes, holding only the
 sample being read. It reads the formats :mod:`tarfile` writes and reads (ustar, GNU long
 names, pax ``path`` and ``size`` records) the way tarfile reads them, and the tests check that
-it gives what tarfile gives. tarfile itself is not used because its stream mode reads with
-blocking calls (a thread per open shard) and costs about 24 µs a member here, which alone
-would cap a loader at half of what the benchmark asks (docs/streaming.md).
+it gives what tarfile gives. tarfile itself is not used: its stream mode reads with blocking
+calls (a thread per open shard), and parsing with it cost most of the loader's time per sample
+(the figures are in docs/streaming.md, "Parsing").
 
 Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
 negative, a member's size is checked against ``max_bytes`` before its data is held, names are
@@ -20,7 +20,8 @@ only split (never used as paths), members that are not regular files (links, fol
 devices) and WebDataset's ``__meta__`` files are passed over, and sparse members are refused.
 A stream that is not a tar, has a bad header, ends before tar's end-of-archive block, or has a
 member over the limit, a name with no key or no extension, or an extension twice in one
-sample raises :class:`ShardError` naming the shard and the member. A compressed stream is
+sample sets the parser's ``error`` to a :class:`ShardError` naming the shard and the member
+(the samples before it are still handed out). A compressed stream is
 inflated at most :data:`INFLATE_STEP` bytes at a time and no further than the end of the
 archive, so a decompression bomb costs no more memory than its largest member.
 """
