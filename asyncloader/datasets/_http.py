@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
-import io
 import os
 import re
 from collections.abc import AsyncGenerator, Mapping
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._settings import check_int, check_timeout
 from ._locations import Locations
+from ._ranges import RangeFile
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
 from ._streaming import Blocking, Sink
@@ -248,7 +248,7 @@ class HttpDataset:
         session = self._current() or await self._open_session()
         await retrying(self.retry, attempt)
 
-    def open_file(self, index: int, loop: asyncio.AbstractEventLoop | None = None) -> _Ranges:
+    def open_file(self, index: int, loop: asyncio.AbstractEventLoop | None = None) -> RangeFile:
         """Item ``index`` as a file read anywhere in it on another thread (blocking), each
         read one ``Range`` GET made on ``loop`` (for a Parquet reader). A server that does not
         answer a range with 206 and the range asked for fails the read."""
@@ -256,7 +256,19 @@ class HttpDataset:
             raise ValueError("HttpDataset.open_file needs the event loop that makes its requests")
         url = self.locations[index]
         assert isinstance(url, str)
-        return _Ranges(self, url, loop)
+        # Bounded: a loop that closes under a read must not leave this thread waiting forever.
+        wait = self.timeout * (self.retry.max_retries + 1) + 60
+
+        def get(start: int, length: int) -> tuple[bytes, int]:
+            future = asyncio.run_coroutine_threadsafe(self.get_range(url, start, length), loop)
+            return future.result(timeout=wait)
+
+        size = get(0, 1)[1]
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise ValueError(
+                f"GET {redact_url(url)}: {size} bytes, over max_bytes={self.max_bytes}"
+            )
+        return RangeFile(size, lambda start, length: get(start, length)[0])
 
     async def get_range(self, url: str, start: int, length: int) -> tuple[bytes, int]:
         """Bytes ``start`` to ``start + length - 1`` of ``url``'s body, and the body's size."""
@@ -494,48 +506,3 @@ async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
                 transient=False,
             )
         chunks.append(chunk)
-
-
-class _Ranges(io.RawIOBase):
-    """An HTTP body as a seekable file whose reads are ``Range`` GETs on the dataset's loop,
-    made from another thread (a Parquet reader's)."""
-
-    def __init__(self, dataset: HttpDataset, url: str, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._dataset, self._url, self._loop, self._at = dataset, url, loop, 0
-        self._size = self._get(0, 1)[1]
-        if dataset.max_bytes is not None and self._size > dataset.max_bytes:
-            raise ValueError(
-                f"GET {redact_url(url)}: {self._size} bytes, over max_bytes={dataset.max_bytes}"
-            )
-
-    def _get(self, start: int, length: int) -> tuple[bytes, int]:
-        future = asyncio.run_coroutine_threadsafe(
-            self._dataset.get_range(self._url, start, length), self._loop
-        )
-        # Bounded: a loop that closes under a read must not leave this thread waiting forever.
-        retries = self._dataset.retry.max_retries + 1
-        return future.result(timeout=self._dataset.timeout * retries + 60)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._at
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def readinto(self, buffer: Any) -> int:
-        count = min(len(buffer), self._size - self._at)
-        if count <= 0:
-            return 0
-        data = self._get(self._at, count)[0]
-        buffer[: len(data)] = data
-        self._at += len(data)
-        return len(data)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import io
 import re
 from typing import Any, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
+from ._ranges import RangeFile
 from ._redact import redact_text, redact_url
 from ._retry import Retry
 from ._streaming import STREAM_CHUNK, Blocking, Sink
@@ -267,58 +267,28 @@ class ObjectStoreDataset:
                 raise _translate(error, what) from None
             await sink(chunk)
 
-    def open_file(self, index: int, loop: object = None) -> _Ranges:
+    def open_file(self, index: int, loop: object = None) -> RangeFile:
         """Object ``index`` as a file read anywhere in it (blocking): each read one range GET
         (a byte range is not a shard, and is refused)."""
         location = self.locations[index]
         if isinstance(location, tuple):
             raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
-        return _Ranges(self.store, location, self.max_bytes)
+        import obstore
+
+        try:
+            size: int = obstore.head(self.store, location)["size"]
+        except Exception as error:
+            raise _translate(error, f"HEAD {location}") from None
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise ValueError(f"{location!r} is {size} bytes, over max_bytes={self.max_bytes}")
+
+        def get(start: int, length: int) -> Any:
+            try:
+                return obstore.get_range(self.store, location, start=start, length=length)
+            except Exception as error:
+                raise _translate(error, f"GET {location} [{start}:]") from None
+
+        return RangeFile(size, get)
 
     def __repr__(self) -> str:
         return f"ObjectStoreDataset({len(self)} items)"
-
-
-class _Ranges(io.RawIOBase):
-    """An object as a seekable file whose reads are range GETs (for a Parquet reader, which
-    reads the footer, then each row group's column chunks)."""
-
-    def __init__(self, store: Any, key: str, max_bytes: int | None) -> None:
-        import obstore
-
-        super().__init__()
-        self._get_range = obstore.get_range
-        self._store, self._key, self._at = store, key, 0
-        try:
-            self._size: int = obstore.head(store, key)["size"]
-        except Exception as error:
-            raise _translate(error, f"HEAD {key}") from None
-        if max_bytes is not None and self._size > max_bytes:
-            raise ValueError(f"{key!r} is {self._size} bytes, over max_bytes={max_bytes}")
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._at
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def readinto(self, buffer: Any) -> int:
-        count = min(len(buffer), self._size - self._at)
-        if count <= 0:
-            return 0
-        try:
-            data = self._get_range(self._store, self._key, start=self._at, length=count)
-        except Exception as error:
-            raise _translate(error, f"GET {self._key} [{self._at}:]") from None
-        view = memoryview(data)
-        buffer[: len(view)] = view
-        self._at += len(view)
-        return len(view)
