@@ -173,12 +173,19 @@ class StreamReader:
         """Whether the stream has no item left for this epoch (or failed, or was cut off)."""
         self.end: int | None = None
         """The epoch's batches, once the stream's end (or its error) is found."""
+        self._failure: Exception | None = None
+        """The iterator's error, raised at the batch after the items read before it."""
 
     async def pull(self, count: int) -> list[Any]:
         """The next ``count`` items (fewer at the stream's end; none after it, nor for a short
-        last batch under ``drop_last``). An error of the iterator is raised here, and ends
-        the epoch's stream."""
+        last batch under ``drop_last``). An error of the iterator ends the epoch's stream: the
+        items read before it come out as a short batch, and the error is raised at the next
+        (at once if there were none)."""
         async with self._lock:
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                self.ended, self.end = True, self._pulled + 1  # the failed batch is the last
+                raise failure
             if self.ended:
                 return []
             try:
@@ -191,19 +198,28 @@ class StreamReader:
                 else:
                     items, ended, state = await self._io.run(self._pull_sync, count)
             except BaseException:
-                self.ended = True
-                self.end = self._pulled + 1  # the failed batch is the epoch's last
+                self.ended, self.end = True, self._pulled + 1
                 raise
             self._pulled += 1
             if state is not None:
                 self._states[self._pulled] = state
                 self._states.pop(self._pulled - self._window - 2, None)
+            if self._failure is not None:  # the items read before the iterator's error
+                if items and not self._drop_last:
+                    return items
+                return await self._raise_failure()
             if ended and (not items or (self._drop_last and len(items) < count)):
                 items = []
             if ended:
                 self.ended = True
                 self.end = self._pulled if items else self._pulled - 1
         return items
+
+    async def _raise_failure(self) -> list[Any]:
+        failure, self._failure = self._failure, None
+        assert failure is not None
+        self.ended, self.end = True, self._pulled  # this batch, failed, is the last
+        raise failure
 
     def state_after(self, batches: int) -> str | None:
         """The stream's own state (as JSON) once ``batches`` batches of the epoch were pulled,
@@ -242,6 +258,9 @@ class StreamReader:
                         items.append(next(self._iterator))
                 except StopIteration:
                     return items, True, self._snapshot()
+                except Exception as error:  # raised after the items read before it
+                    self._failure = error
+                    return items, True, None
                 return items, False, self._snapshot()
             finally:
                 _current.reset(token)
@@ -257,6 +276,9 @@ class StreamReader:
                 items.append(await self._iterator.__anext__())
         except StopAsyncIteration:
             return items, True, self._snapshot()
+        except Exception as error:  # raised after the items read before it
+            self._failure = error
+            return items, True, None
         return items, False, self._snapshot()
 
     async def aclose(self) -> None:

@@ -147,10 +147,13 @@ class Failing:
 
 
 @pytest.mark.parametrize("workers", WORKERS)
-def test_an_iterators_error_is_raised_at_its_batch_and_ends_the_epoch(workers: int) -> None:
+def test_an_iterators_error_comes_after_the_items_before_it_and_ends_the_epoch(
+    workers: int,
+) -> None:
     with DataLoader(Failing(10), batch_size=4, num_workers=workers) as loader:
         iterator: Any = iter(loader)
-        assert [next(iterator).tolist() for _ in range(2)] == _expected(8, 4)
+        # Items 8 and 9 were read before the error: a short batch, not dropped.
+        assert [next(iterator).tolist() for _ in range(3)] == _expected(10, 4)
         with pytest.raises(KeyError, match="item 10 is broken"):
             next(iterator)
         assert list(iterator) == []
@@ -158,7 +161,7 @@ def test_an_iterators_error_is_raised_at_its_batch_and_ends_the_epoch(workers: i
         assert len(list(zip(range(2), loader, strict=False))) == 2
 
 
-async def test_an_async_iterators_error_is_raised_at_its_batch() -> None:
+async def test_an_async_iterators_error_comes_after_the_items_before_it() -> None:
     async def broken() -> AsyncIterator[int]:
         for i in range(5):
             yield i
@@ -166,10 +169,27 @@ async def test_an_async_iterators_error_is_raised_at_its_batch() -> None:
 
     async with DataLoader(broken(), batch_size=2, num_workers=2) as loader:
         iterator = aiter(loader)
-        got = [(await anext(iterator)).tolist() for _ in range(2)]
+        got = [(await anext(iterator)).tolist() for _ in range(3)]
         with pytest.raises(ConnectionError, match="went away"):
             await anext(iterator)
-    assert got == [[0, 1], [2, 3]]
+    assert got == [[0, 1], [2, 3], [4]]
+
+
+def test_an_error_at_a_batchs_start_fails_that_batch_and_drop_last_drops_a_short_one() -> None:
+    with DataLoader(Failing(8), batch_size=4) as loader:
+        iterator: Any = iter(loader)
+        assert [next(iterator).tolist() for _ in range(2)] == _expected(8, 4)
+        with pytest.raises(KeyError, match="item 8"):
+            next(iterator)
+        assert list(iterator) == []
+    with DataLoader(Failing(10), batch_size=4, drop_last=True) as loader:
+        iterator = iter(loader)
+        assert [next(iterator).tolist() for _ in range(2)] == _expected(8, 4)
+        with pytest.raises(KeyError, match="item 10"):
+            next(iterator)
+    loader = DataLoader(Failing(0), batch_size=4)
+    with loader, pytest.raises(KeyError, match="item 0"):
+        next(iter(loader))
 
 
 class Probe:
