@@ -37,3 +37,11 @@ def test_the_image_training_loop_learns() -> None:
     per_epoch = losses(run("train_images.py"))
     assert len(per_epoch) == 3
     assert per_epoch[-1] < per_epoch[0] / 2
+
+
+def test_the_shard_training_loop_learns_and_resumes_exactly() -> None:
+    output = run("train_shards.py")
+    per_epoch = losses(output)
+    assert len(per_epoch) == 2
+    assert per_epoch[-1] < per_epoch[0]
+    assert re.search(r"^resumed after 5 batches: the same \d+ batches: True$", output, re.M)
