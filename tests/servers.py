@@ -68,6 +68,8 @@ class FaultServer:
         app.router.add_get("/files-cut/{name}", self.file_cut)
         app.router.add_get("/ranged/{name}", self.ranged)
         app.router.add_get("/wrong-range/{name}", self.wrong_range)
+        app.router.add_get("/flaky-files/{fails}/{name}", self.flaky_file)
+        app.router.add_get("/files-stall/{name}", self.file_stall)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -207,6 +209,24 @@ class FaultServer:
             body=data[first : last + 1],
             headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
         )
+
+    async def file_stall(self, request: web.Request) -> web.StreamResponse:
+        """``/files/{name}``'s first half, then silence for 5 s before the rest."""
+        self._hit(request)
+        data = self.files[request.match_info["name"]]
+        response = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        await asyncio.sleep(5)
+        await response.write(data[len(data) // 2 :])
+        return response
+
+    async def flaky_file(self, request: web.Request) -> web.Response:
+        """``/files/{name}`` after ``fails`` answers of 503 (Retry-After: 0)."""
+        self._hit(request)
+        if self.hits[request.path] <= int(request.match_info["fails"]):
+            return web.Response(status=503, headers={"Retry-After": "0"})
+        return web.Response(body=self.files[request.match_info["name"]])
 
     async def wrong_range(self, request: web.Request) -> web.Response:
         """206 with the first bytes of the file, whatever range was asked for."""

@@ -25,6 +25,7 @@ from asyncloader import (
     FileDataset,
     HttpDataset,
     ObjectStoreDataset,
+    Retry,
     SampleError,
     TarShards,
 )
@@ -335,6 +336,34 @@ def test_a_cut_connection_and_a_missing_shard_fail_only_their_shards(
     assert "files/none.tar" in errors[1]
     assert "HTTP 404" in errors[1]
     assert http_shards.hits["/files-cut/shard-01.tar"] == 1  # bytes were read: no retry
+
+
+def test_a_shard_that_fails_before_its_first_byte_is_retried(http_shards: FaultServer) -> None:
+    urls = [f"{http_shards.url}/flaky-files/2/{name}" for name in names(2)]
+    with DataLoader(TarShards(HttpDataset(urls)), batch_size=4, collate_fn=list) as loader:
+        assert sorted(keys(loader)) == sorted(keys_of(0) + keys_of(1))
+        assert loader.stats().retries == 4
+    assert all(http_shards.hits[f"/flaky-files/2/{name}"] == 3 for name in names(2))
+
+
+def test_a_shard_whose_server_stalls_fails_after_the_timeout(http_shards: FaultServer) -> None:
+    # Half a shard at once, then 5 s of silence: each wait for data is bounded by timeout.
+    url = f"{http_shards.url}/files-stall/shard-00.tar"
+    dataset = TarShards(HttpDataset([url], timeout=0.3, retry=Retry(max_retries=0)))
+    outcomes: list[str] = []
+    with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                outcomes.append(next(iterator)["__key__"])
+            except StopIteration:
+                break
+            except OSError as error:
+                outcomes.append(str(error))
+    assert outcomes[:-1] == keys_of(0)[: len(outcomes) - 1]  # the half that came
+    assert 0 < len(outcomes) - 1 < PER_SHARD
+    assert "files-stall/shard-00.tar" in outcomes[-1]
+    assert "0.3 s" in outcomes[-1]
 
 
 def test_shards_stream_from_s3() -> None:
