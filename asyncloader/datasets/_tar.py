@@ -141,8 +141,8 @@ class TarParser:
         self._ended = False
         self._sample: dict[str, Any] | None = None
         self._member = _FIRST
-        self._header: tuple[str, int, bytes] | None = None
-        """The header whose data is awaited: its name, size and type."""
+        self._header: tuple[str, int, bytes, tuple[str, str] | None] | None = None
+        """The header whose data is awaited: its name, size, type, key and extension."""
         self._global: dict[str, str] = {}
         self._local: dict[str, str] = {}
         self._long_name: str | None = None
@@ -256,11 +256,12 @@ class TarParser:
             else:
                 self._header = self._read_header(block)
             return
-        name, size, kind = self._header
+        name, size, kind, parts = self._header
         self._header = None
-        self._member_done(name, kind, view[at : at + size].tobytes())
+        self._member_done(name, kind, parts, view[at : at + size].tobytes())
 
-    def _read_header(self, block: bytes) -> tuple[str, int, bytes]:
+    def _read_header(self, block: bytes) -> tuple[str, int, bytes, tuple[str, str] | None]:
+        """The member's name, size, type, and its key and extension if it is a sample's."""
         stored = _number(block[148:156])
         unsigned = sum(block) - sum(block[148:156]) + 256
         if stored != unsigned and stored != 256 + sum(_SIGNED.unpack(block)):
@@ -274,9 +275,8 @@ class TarParser:
         name = self._long_name or self._local.get("path") or self._global.get("path")
         if name is None:
             name = _text(block[0:100])
-            prefix = _text(block[345:500])
-            if prefix and kind not in (b"L", b"K", b"S"):
-                name = prefix + "/" + name
+            if block[345] and kind not in (b"L", b"K", b"S"):  # a ustar prefix
+                name = _text(block[345:500]) + "/" + name
         self._member = name
         size = _number(block[124:136])
         pax_size = self._local.get("size") or self._global.get("size")
@@ -287,18 +287,22 @@ class TarParser:
         if kind == b"S" or any(key.startswith("GNU.sparse") for key in self._local):
             raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
         limit = self.max_bytes
+        parts = None
         if kind in _REGULAR and not name.endswith("/") and not _META.search(name):
-            if split_name(name) is None:
+            parts = split_name(name)
+            if parts is None:
                 self._flush_unless(None)
                 raise self._fail(name, "has no key and extension")
             if limit is not None and size > limit:
-                self._flush_unless(split_name(name))
+                self._flush_unless(parts)
                 raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
         elif kind in _NAMES and size > max(limit or 0, 1 << 20):
             raise self._fail(name, f"has a {size}-byte extended header")
-        return name, size, kind
+        return name, size, kind, parts
 
-    def _member_done(self, name: str, kind: bytes, data: bytes) -> None:
+    def _member_done(
+        self, name: str, kind: bytes, parts: tuple[str, str] | None, data: bytes
+    ) -> None:
         if kind == b"K":  # a long link name: for a link, which is passed over
             return
         if kind == b"L":
@@ -309,11 +313,10 @@ class TarParser:
             (self._local if kind == b"x" else self._global).update(records)
             return
         self._long_name = None
-        self._local = {}
-        if kind not in _REGULAR or name.endswith("/") or _META.search(name):
-            return  # a folder, a link, a device, a long link name, WebDataset's metadata
-        parts = split_name(name)
-        assert parts is not None  # checked with the header
+        if self._local:
+            self._local = {}
+        if parts is None:
+            return  # a folder, a link, a device, WebDataset's metadata
         key, extension = parts
         sample = self._sample
         if sample is None or sample["__key__"] != key:
