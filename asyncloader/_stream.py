@@ -244,6 +244,13 @@ class StreamReader:
         except Exception as error:  # raised where the state is asked for, not here
             return error
 
+    def _begin(self) -> None:
+        """Tell the stream the epoch, if it asks (``set_epoch``: Hugging Face's streaming
+        datasets and WebDataset's pipelines draw their shuffles from it)."""
+        set_epoch = getattr(self._dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self._info.epoch)
+
     def _pull_sync(self, count: int) -> tuple[list[Any], bool, str | Exception | None]:
         with self._thread_lock:
             token = _current.set(self._info)
@@ -251,6 +258,7 @@ class StreamReader:
                 items: list[Any] = []
                 try:
                     if self._iterator is None:
+                        self._begin()
                         self._iterator = iter(self._dataset)
                         for _ in range(self._skip):
                             next(self._iterator)
@@ -269,6 +277,7 @@ class StreamReader:
         items: list[Any] = []
         try:
             if self._iterator is None:
+                self._begin()
                 self._iterator = self._dataset.__aiter__()
                 for _ in range(self._skip):
                     await self._iterator.__anext__()

@@ -277,6 +277,25 @@ def test_a_stream_that_splits_itself_reads_the_rank_epoch_and_seed() -> None:
     assert stream_info() is None
 
 
+def test_a_stream_with_set_epoch_is_told_each_epoch_before_it_is_read() -> None:
+    class Epochs:
+        def __init__(self) -> None:
+            self.told: list[int] = []
+
+        def set_epoch(self, epoch: int) -> None:
+            self.told.append(epoch)
+
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(self.told[-1] * 10, self.told[-1] * 10 + 3))
+
+    stream = Epochs()
+    with DataLoader(stream, batch_size=3) as loader:
+        assert _lists(loader) == [[0, 1, 2]]
+        loader.set_epoch(5)
+        assert _lists(loader) == [[50, 51, 52]]
+    assert stream.told == [0, 5]
+
+
 class Counter:
     """A stream with its own position: ``state_dict`` says where the next item is."""
 
