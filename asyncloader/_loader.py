@@ -161,7 +161,8 @@ class DataLoader:
             self._collate = collate
         self._max_errors = check_errors(errors, max_errors)
         self._skip = errors == "skip"
-        self._recorder = Recorder(self._settings.requests_in_flight, self._settings.cpu_threads)
+        limit = self._settings.requests_in_flight if kind is None else 1  # a stream: a reader
+        self._recorder = Recorder(limit, self._settings.cpu_threads, stream=kind is not None)
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume: Resume | None = None

@@ -102,8 +102,10 @@ class LoaderStats:
         items_in_flight: Items being fetched now (a whole-batch call fetches many).
         peak_items_in_flight: The most items fetched at once.
         active_s: Seconds epochs were running.
-        requests_limit: ``max(num_workers, 1) * item_concurrency``.
+        requests_limit: ``max(num_workers, 1) * item_concurrency`` (1 for a stream: one
+            reader).
         cpu_threads: Threads of the CPU pool.
+        stream: Whether the dataset is a stream (read by one reader, in order).
     """
 
     fetch: StageStats = field(default_factory=StageStats)
@@ -124,6 +126,7 @@ class LoaderStats:
     active_s: float = 0.0
     requests_limit: int = 1
     cpu_threads: int = 1
+    stream: bool = False
 
     def bottleneck(self) -> tuple[str, str]:
         """``(stage, advice)``: what limits the loader, and the setting to change."""
@@ -145,6 +148,12 @@ class LoaderStats:
             ("collate", collate_busy),
             key=lambda pair: pair[1],
         )[0]
+        if stage == "fetch" and self.stream:
+            return "fetch", (
+                f"one reader pulls the stream, {self.fetch.mean_s * 1000:.2f} ms a batch; make "
+                "its iterator faster, or store the data in shards (TarShards, ParquetShards) "
+                "and raise interleave"
+            )
         if stage == "fetch":
             return "fetch", (
                 f"{self.peak_in_flight} requests in flight at peak, p99 "
@@ -204,9 +213,10 @@ def fetched_bytes(items: list[Any]) -> int:
 class Recorder:
     """The mutable counters behind :class:`LoaderStats`; safe to update from any thread."""
 
-    def __init__(self, requests_limit: int, cpu_threads: int) -> None:
+    def __init__(self, requests_limit: int, cpu_threads: int, stream: bool = False) -> None:
         self.requests_limit = requests_limit
         self.cpu_threads = cpu_threads
+        self.stream = stream
         self._lock = threading.Lock()
         self.reset()
 
@@ -357,4 +367,5 @@ class Recorder:
                 active_s=active,
                 requests_limit=self.requests_limit,
                 cpu_threads=self.cpu_threads,
+                stream=self.stream,
             )

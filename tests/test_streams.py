@@ -296,6 +296,21 @@ def test_a_stream_with_set_epoch_is_told_each_epoch_before_it_is_read() -> None:
     assert stream.told == [0, 5]
 
 
+def test_a_slow_stream_is_named_as_the_bottleneck_with_stream_advice() -> None:
+    class Slow:
+        def __iter__(self) -> Iterator[int]:
+            for i in range(40):
+                threading.Event().wait(0.002)  # a slow source: 2 ms an item
+                yield i
+
+    with DataLoader(Slow(), batch_size=4, num_workers=2) as loader:
+        for _ in loader:
+            pass
+        stage, advice = loader.stats().bottleneck()
+    assert stage == "fetch"
+    assert "one reader pulls the stream" in advice
+
+
 class Counter:
     """A stream with its own position: ``state_dict`` says where the next item is."""
 
