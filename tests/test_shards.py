@@ -563,6 +563,25 @@ def test_a_state_of_two_ranks_resumes_over_another_number_of_ranks(
     assert sorted(before + after) == sorted(everything)  # nothing left out
 
 
+def test_a_hostile_elastic_plan_is_refused_naming_it(folder: Path) -> None:
+    states, _ = two_rank_states(folder, batches=1)
+    loader = DataLoader(mixed(folder), batch_size=4, rank=0, world_size=3, seed=8)
+    loader.load_state_dict(states)
+    walk = loader.state_dict()["source"]
+    assert len(walk["plan"]) == walk["shards"]
+    for plan, match in [
+        ([[99, 0, None]] * walk["shards"], "plan"),  # no such shard
+        ([[0, 0, [3, 1]]] * walk["shards"], "plan"),  # unsorted places
+        ([[0, 2, [1]]] * walk["shards"], "plan"),  # a skip with kept places
+        ([[0, 0, None]] * (walk["shards"] + 1), "units"),
+        ("all", "plan"),
+    ]:
+        fresh = DataLoader(mixed(folder), batch_size=4, rank=0, world_size=3, seed=8)
+        state = {**loader.state_dict(), "source": {**walk, "plan": plan}}
+        with pytest.raises(ValueError, match=match):
+            fresh.load_state_dict(state)
+
+
 def test_checkpoints_within_an_elastic_epoch_resume_exactly(folder: Path) -> None:
     states, _ = two_rank_states(folder, batches=2)
 
