@@ -33,7 +33,7 @@ import lzma
 import re
 import struct
 import zlib
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 BLOCK: Final = 512
 ZEROS: Final = bytes(BLOCK)
@@ -56,17 +56,12 @@ class ShardError(OSError):
     """A shard could not be read to its end: its remaining samples are lost."""
 
 
-class _Inflater(Protocol):
-    def step(self, data: bytes) -> bytes: ...
-
-
 class _Zlib:
     def __init__(self) -> None:
         self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip
 
     def step(self, data: bytes) -> bytes:
-        out = self._inflate.decompress(self._inflate.unconsumed_tail + data, INFLATE_STEP)
-        return out
+        return self._inflate.decompress(self._inflate.unconsumed_tail + data, INFLATE_STEP)
 
     @property
     def pending(self) -> bool:
