@@ -73,6 +73,8 @@ class ParquetShards(ShardStream):
         ImportError: pyarrow is not installed (``pip install asyncloader[parquet]``).
     """
 
+    reads_with = "open_file"
+
     def __init__(
         self,
         shards: Any,
@@ -90,11 +92,6 @@ class ParquetShards(ShardStream):
             raise ImportError(
                 "ParquetShards needs pyarrow: pip install asyncloader[parquet]"
             ) from error
-        if not callable(getattr(shards, "open_file", None)) or not hasattr(shards, "__len__"):
-            raise TypeError(
-                "shards must be a FileDataset, ObjectStoreDataset or HttpDataset (a dataset "
-                f"with open_file and __len__), got {type(shards).__name__}"
-            )
         if columns is not None and (
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
         ):

@@ -177,6 +177,9 @@ class ShardStream:
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says.
     """
 
+    reads_with = "stream"
+    """The method a format reads a shard with, which the shards' dataset must have."""
+
     def __init__(
         self,
         shards: Any,
@@ -186,6 +189,12 @@ class ShardStream:
         shuffle_buffer: int,
         buffer: int,
     ) -> None:
+        method = self.reads_with
+        if not callable(getattr(shards, method, None)) or not hasattr(shards, "__len__"):
+            raise TypeError(
+                "shards must be a FileDataset, HttpDataset or ObjectStoreDataset (a dataset "
+                f"with {method} and __len__), got {type(shards).__name__}"
+            )
         self.shards = shards
         self.interleave = check_int("interleave", interleave, 1)
         self.shuffle = check_bool("shuffle", shuffle)
@@ -414,11 +423,6 @@ class TarShards(ShardStream):
         buffer: int = 64,
         max_bytes: int | None = None,
     ) -> None:
-        if not callable(getattr(shards, "stream", None)) or not hasattr(shards, "__len__"):
-            raise TypeError(
-                "shards must be a FileDataset, HttpDataset or ObjectStoreDataset (a dataset "
-                f"with stream and __len__), got {type(shards).__name__}"
-            )
         super().__init__(
             shards,
             interleave=interleave,
