@@ -16,6 +16,7 @@ import pytest
 from asyncloader import DataLoader, FileDataset, HttpDataset, ObjectStoreDataset, ParquetShards
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
+from .epochs import outcomes as every_outcome
 from .servers import FaultServer, run_moto
 
 CREDENTIALS: dict[str, Any] = {
@@ -121,17 +122,10 @@ def test_a_broken_shard_fails_its_place_and_the_epoch_goes_on(tmp_path: Path) ->
     (tmp_path / "cut.parquet").write_bytes(parquet_bytes(1)[:-20])
     files = ["text.parquet", "good.parquet", "cut.parquet", "missing.parquet"]
     dataset = ParquetShards(FileDataset(files, root=tmp_path), interleave=1)
-    errors: list[str] = []
-    rows: list[int] = []
     with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
-        iterator = iter(loader)
-        while True:
-            try:
-                rows.append(next(iterator)["id"])
-            except StopIteration:
-                break
-            except OSError as error:
-                errors.append(str(error))
+        outcomes = every_outcome(loader, lambda row: row["id"])
+    rows = [o for o in outcomes if not isinstance(o, str)]
+    errors = [o for o in outcomes if isinstance(o, str)]
     assert rows == list(range(ROWS))
     assert len(errors) == 3
     for name, message in zip(["text", "cut", "missing"], errors, strict=True):

@@ -32,6 +32,7 @@ from asyncloader import (
 from asyncloader.datasets._tar import ShardError
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
+from .epochs import outcomes as every_outcome
 from .servers import FaultServer, run_moto
 from .test_streams import Numbers
 
@@ -91,6 +92,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def names(count: int = SHARDS) -> list[str]:
     return [f"shard-{shard:02d}.tar" for shard in range(count)]
+
+
+def key(sample: dict[str, Any]) -> str:
+    return str(sample["__key__"])
 
 
 def keys(loader: DataLoader) -> list[str]:
@@ -215,16 +220,8 @@ def test_a_broken_shard_fails_its_own_samples_and_the_epoch_goes_on(tmp_path: Pa
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     dataset = TarShards(FileDataset(list(files), root=tmp_path), interleave=1, max_bytes=4096)
-    outcomes: list[Any] = []
     with DataLoader(dataset, batch_size=None, num_workers=2, collate_fn=None) as loader:
-        iterator = iter(loader)
-        while True:
-            try:
-                outcomes.append(next(iterator)["__key__"])
-            except StopIteration:
-                break
-            except ShardError as error:
-                outcomes.append(str(error))
+        outcomes = every_outcome(loader, key, ShardError)
     good = [k for shard in (0, 2, 3, 4) for k in keys_of(shard)]
     assert [o for o in outcomes if not o.startswith("shard")] == [
         *keys_of(0),
@@ -318,17 +315,10 @@ def test_a_cut_connection_and_a_missing_shard_fail_only_their_shards(
         f"{http_shards.url}/files/shard-02.tar",
     ]
     dataset = TarShards(HttpDataset(urls), interleave=1)
-    errors: list[str] = []
-    samples: list[str] = []
     with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
-        iterator = iter(loader)
-        while True:
-            try:
-                samples.append(next(iterator)["__key__"])
-            except StopIteration:
-                break
-            except OSError as error:
-                errors.append(str(error))
+        outcomes = every_outcome(loader, key)
+    samples = [o for o in outcomes if not o.startswith("shard")]
+    errors = [o for o in outcomes if o.startswith("shard")]
     assert samples[:PER_SHARD] == keys_of(0)
     assert samples[-PER_SHARD:] == keys_of(2)
     assert len(errors) == 2
@@ -350,16 +340,8 @@ def test_a_shard_whose_server_stalls_fails_after_the_timeout(http_shards: FaultS
     # Half a shard at once, then 5 s of silence: each wait for data is bounded by timeout.
     url = f"{http_shards.url}/files-stall/shard-00.tar"
     dataset = TarShards(HttpDataset([url], timeout=0.3, retry=Retry(max_retries=0)))
-    outcomes: list[str] = []
     with DataLoader(dataset, batch_size=None, collate_fn=None) as loader:
-        iterator = iter(loader)
-        while True:
-            try:
-                outcomes.append(next(iterator)["__key__"])
-            except StopIteration:
-                break
-            except OSError as error:
-                outcomes.append(str(error))
+        outcomes = every_outcome(loader, key)
     assert outcomes[:-1] == keys_of(0)[: len(outcomes) - 1]  # the half that came
     assert 0 < len(outcomes) - 1 < PER_SHARD
     assert "files-stall/shard-00.tar" in outcomes[-1]
