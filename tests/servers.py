@@ -210,13 +210,18 @@ class FaultServer:
             headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
         )
 
-    async def file_stall(self, request: web.Request) -> web.StreamResponse:
-        """``/files/{name}``'s first half, then silence for 5 s before the rest."""
+    async def _half_file(self, request: web.Request) -> tuple[web.StreamResponse, bytes]:
+        """The whole file's Content-Length, and its first half sent."""
         self._hit(request)
         data = self.files[request.match_info["name"]]
         response = web.StreamResponse(headers={"Content-Length": str(len(data))})
         await response.prepare(request)
         await response.write(data[: len(data) // 2])
+        return response, data
+
+    async def file_stall(self, request: web.Request) -> web.StreamResponse:
+        """``/files/{name}``'s first half, then silence for 5 s before the rest."""
+        response, data = await self._half_file(request)
         await asyncio.sleep(5)
         await response.write(data[len(data) // 2 :])
         return response
@@ -237,11 +242,7 @@ class FaultServer:
         )
 
     async def file_cut(self, request: web.Request) -> web.StreamResponse:
-        self._hit(request)
-        data = self.files[request.match_info["name"]]
-        response = web.StreamResponse(headers={"Content-Length": str(len(data))})
-        await response.prepare(request)
-        await response.write(data[: len(data) // 2])
+        response, _ = await self._half_file(request)
         assert request.transport is not None
         request.transport.close()  # the connection ends in the middle of the shard
         return response
