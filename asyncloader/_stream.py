@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import marshal
 import sys
 import threading
 from collections.abc import Iterator
@@ -32,6 +33,10 @@ from ._sampler import batch_count
 logger = logging.getLogger("asyncloader")
 
 StreamKind = Literal["sync", "async"]
+
+_Snapshot = bytes | str | Exception | None
+"""A stream's state after a batch: marshalled, as JSON, the error that taking it raised, or
+none (a stream without a state)."""
 
 
 def stream_kind(dataset: object) -> StreamKind | None:
@@ -168,7 +173,7 @@ class StreamReader:
         self._thread_lock = threading.Lock()  # one thread at a time in a sync iterator
         self._stateful = is_stateful(dataset)
         self._pulled = first
-        self._states: dict[int, str | Exception] = {}
+        self._states: dict[int, _Snapshot] = {}
         self.ended = False
         """Whether the stream has no item left for this epoch (or failed, or was cut off)."""
         self.end: int | None = None
@@ -229,20 +234,33 @@ class StreamReader:
             TypeError: The stream's ``state_dict()`` failed or was not JSON-serialisable.
         """
         state = self._states.get(batches)
-        if isinstance(state, Exception):
+        try:
+            if isinstance(state, Exception):
+                raise state
+            return json.dumps(marshal.loads(state)) if isinstance(state, bytes) else state
+        except Exception as error:
             raise TypeError(
                 f"{type(self._dataset).__name__}.state_dict() gave no JSON-serialisable "
-                f"state: {state}"
-            )
-        return state
+                f"state: {error}"
+            ) from None
 
-    def _snapshot(self) -> str | Exception | None:
+    def _snapshot(self) -> _Snapshot:
+        """The stream's state now, copied (later reading must not change it). marshal copies
+        plain data several times faster than JSON encodes it, and it runs after every batch;
+        the JSON is written only for the state asked for (:meth:`state_after`)."""
         if not self._stateful:
             return None
         try:
-            return json.dumps(self._dataset.state_dict())
+            state = self._dataset.state_dict()
         except Exception as error:  # raised where the state is asked for, not here
             return error
+        try:
+            return marshal.dumps(state)
+        except ValueError:  # not plain data (a dict subclass, say): JSON at once
+            try:
+                return json.dumps(state)
+            except Exception as error:
+                return error
 
     def _begin(self) -> None:
         """Tell the stream the epoch, if it asks (``set_epoch``: Hugging Face's streaming
@@ -251,7 +269,7 @@ class StreamReader:
         if callable(set_epoch):
             set_epoch(self._info.epoch)
 
-    def _pull_sync(self, count: int) -> tuple[list[Any], bool, str | Exception | None]:
+    def _pull_sync(self, count: int) -> tuple[list[Any], bool, _Snapshot]:
         with self._thread_lock:
             token = _current.set(self._info)
             try:
@@ -273,7 +291,7 @@ class StreamReader:
             finally:
                 _current.reset(token)
 
-    async def _pull_async(self, count: int) -> tuple[list[Any], bool, str | Exception | None]:
+    async def _pull_async(self, count: int) -> tuple[list[Any], bool, _Snapshot]:
         items: list[Any] = []
         try:
             if self._iterator is None:

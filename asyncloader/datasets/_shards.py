@@ -324,8 +324,9 @@ class ShardStream:
                         del readers[turn], walk.slots[turn]
                         walk.turn = turn if turn < len(walk.slots) else 0
                     continue
-                place = [walk.slots[turn][0], walk.slots[turn][1]]
-                walk.slots[turn][1] += 1
+                slot = walk.slots[turn]
+                place = (slot[0], slot[1])
+                slot[1] += 1
                 walk.turn = (turn + 1) % len(walk.slots)
                 if size == 0:
                     yield item

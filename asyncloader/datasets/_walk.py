@@ -56,8 +56,9 @@ class Walk:
     slots: list[list[int]]
     """``[p, taken]`` for each open shard, in round-robin order."""
     turn: int
-    buffered: list[list[int]] = field(default_factory=list)
-    """``[p, i]`` of each sample in the shuffle buffer, in the buffer's order."""
+    buffered: list[tuple[int, int]] = field(default_factory=list)
+    """``(p, i)`` of each sample in the shuffle buffer, in the buffer's order (tuples: a
+    state is a shallow copy of the list)."""
     draws: int = 0
     """Draws of the shuffle buffer so far (see :func:`draw`)."""
     plan: list[list[Any]] | None = None
@@ -98,7 +99,7 @@ class Walk:
             "opened": self.opened,
             "slots": [list(slot) for slot in self.slots],
             "turn": self.turn,
-            "buffered": [list(place) for place in self.buffered],
+            "buffered": list(self.buffered),
             "draws": self.draws,
             **({} if self.plan is None else {"plan": [list(unit) for unit in self.plan]}),
         }
@@ -170,7 +171,7 @@ def check_walk(state: object, interleave: int, buffer_size: int, count: int) -> 
             f"TarShards state slots {slots} do not fit interleave={interleave} shards open"
         )
     turn = _int(state, "turn", 0, max(len(slots) - 1, 0))
-    buffered = _pairs(state, "buffered", opened)
+    buffered = [(p, i) for p, i in _pairs(state, "buffered", opened)]
     if len(buffered) > buffer_size:
         raise ValueError(
             f"TarShards state buffers {len(buffered)} samples, over shuffle_buffer={buffer_size}"
