@@ -325,19 +325,18 @@ class ShardStream:
                         walk.turn = turn if turn < len(walk.slots) else 0
                     continue
                 slot = walk.slots[turn]
-                place = (slot[0], slot[1])
-                slot[1] += 1
+                taken, slot[1] = slot[1], slot[1] + 1
                 walk.turn = (turn + 1) % len(walk.slots)
                 if size == 0:
                     yield item
                 elif len(pool) < size:
                     pool.append(item)
-                    walk.buffered.append(place)
+                    walk.buffered.append((slot[0], taken))
                 else:
                     drawn = draw(base, walk.draws, size)
                     walk.draws += 1
                     item, pool[drawn] = pool[drawn], item
-                    walk.buffered[drawn] = place
+                    walk.buffered[drawn] = (slot[0], taken)
                     yield item
             while pool:  # the shards are done: the buffer empties in a random order
                 drawn = draw(base, walk.draws, len(pool))
