@@ -6,12 +6,13 @@ The layers, from the user inwards (see README.md beside this file for the tree):
   one epoch per iteration: ``for batch in loader`` or ``async for batch in loader``.
 - An epoch is one async driver that starts batches at most ``num_workers + prefetch_depth``
   ahead of the consumer, fetches their items with ``num_workers * item_concurrency``
-  requests in flight across batch boundaries, transforms and collates on a CPU thread pool,
-  and hands batches over in order.
+  requests in flight across batch boundaries, transforms and collates on a CPU thread pool
+  (or, with ``cpu_processes``, in worker processes), and hands batches over in order.
 """
 
 from ._collate import default_collate as default_collate
 from ._loader import DataLoader as DataLoader
+from ._processes import WorkerError as WorkerError
 from ._sampler import DistributedSampler as DistributedSampler
 from ._sampler import RandomSampler as RandomSampler
 from ._sampler import Sampler as Sampler
@@ -54,6 +55,7 @@ __all__ = [
     "TarShards",
     "Template",
     "Transform",
+    "WorkerError",
     "default_collate",
     "stream_info",
 ]

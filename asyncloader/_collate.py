@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _shared as shared
+
 _KEPT_AS_LIST = (str, bytes, bytearray, memoryview)
 _NUMBERS = (bool, int, float, complex, np.number, np.bool_)
 
@@ -48,7 +50,11 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         shapes = {item.shape for item in items if isinstance(item, np.ndarray)}
         if len(shapes) > 1:
             raise ValueError(f"default_collate: arrays of different shapes {sorted(shapes)}")
-        return np.stack(items)
+        out = None  # in a worker process, the batch is written into shared memory
+        if shared.in_worker() and all(type(item) is np.ndarray for item in items):
+            dtype = np.result_type(*{item.dtype for item in items})
+            out = shared.empty((len(items), *first.shape), dtype)
+        return np.stack(items, out=out)
     if isinstance(first, _NUMBERS):
         batch = np.asarray(items)
         if batch.dtype == object:  # a None or a non-number among numbers: no silent object array
@@ -107,13 +113,15 @@ def default_collate_fields(items: Sequence[Any], width: int) -> list[Any]:
     return [default_collate([item[position] for item in items]) for position in range(width)]
 
 
-def unbatched(collate_fn: Callable[[Any], Any] | None) -> Callable[[list[Any]], Any]:
+class unbatched:
     """With ``batch_size=None`` each "batch" is one item, handed to ``collate_fn`` alone (by
-    default the item as it is: NumPy-first, nothing to convert)."""
+    default the item as it is: NumPy-first, nothing to convert). A class, not a closure, so
+    that it can be sent to worker processes."""
 
-    def collate(items: list[Any]) -> Any:
+    def __init__(self, collate_fn: Callable[[Any], Any] | None) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, items: list[Any]) -> Any:
         if not items:  # errors="skip" dropped the item
             return []
-        return items[0] if collate_fn is None else collate_fn(items[0])
-
-    return collate
+        return items[0] if self.collate_fn is None else self.collate_fn(items[0])

@@ -27,7 +27,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
 
-from ._epoch import Batch, EpochContext, transform_in_parts
+from ._batch_work import Batch
+from ._epoch import EpochContext, transform_in_parts
 from ._handoff import END, Failure
 from ._lanes import Lanes, ThreadLanes
 from ._pool import priority
@@ -159,14 +160,24 @@ async def process_batch(
         if not isinstance(fetcher, _Whole):
             # Lanes: each item goes to the CPU pool for its transform as soon as it arrives.
             items = await fetcher.fetch(indices, position)
+            if context.procs is not None:
+                return await context.in_process(indices, items)
             batch = await context.on_cpu(context.collate_only, indices, items)
             return batch
         async with fetcher.slots:
+            if (
+                context.procs is not None
+                and context.source.io is not None
+                and not isinstance(fetcher, _Streamed)
+            ):  # a sync dataset's batch: fetched in the worker process too
+                return await context.in_process(indices, None)
             items = await fetcher.fetch(indices)
             if len(items) < len(indices):  # a stream's end
                 if not items:
                     return EXHAUSTED
                 indices = indices[: len(items)]
+            if context.procs is not None:
+                return await context.in_process(indices, items)
             parts = context.parts(len(indices))
             if parts == 1:  # one job: transform and collate
                 batch = await context.on_cpu(context.finish, indices, items)

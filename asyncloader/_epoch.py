@@ -18,88 +18,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._augment import epoch_key
+from ._batch_work import Batch, transform_and_collate, transform_items
 from ._pool import ThreadPool
-from ._skip import SKIPPED, Skipper
-from ._source import Source, fetch_batch, fetch_item
+from ._processes import ProcessPool
+from ._skip import Skipper
+from ._source import Source
 from ._stats import Recorder, current
 from ._stream import StreamReader
 from ._transform import Transform
-
-Batch = tuple[list[int], Any]
-"""A finished batch with the indices of its items."""
+from ._worker import FETCH, FINISH
 
 _SPLIT_S = 0.002
 """A batch fetched whole has its transforms split over the CPU threads when they take at
 least this long in all (by the epoch's mean so far; the first batch always is): a part costs
 a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
 the time, with a batch less memory at the peak (docs/performance.md)."""
-
-
-def transform_items(
-    indices: Sequence[int],
-    items: list[Any],
-    transform: Transform | None,
-    recorder: Recorder,
-    skipper: Skipper | None,
-) -> tuple[list[int], list[Any]]:
-    """Transform a batch's items, dropping the ones ``skipper`` lets go; keep their indices."""
-    kept = list(indices)
-    if transform is not None:
-        durations = []
-        out = []
-        clock = time.perf_counter
-        for index, item in zip(indices, items, strict=True):
-            if item is not SKIPPED:
-                started = clock()
-                try:
-                    item = transform(index, item)
-                except Exception as error:
-                    if skipper is None:
-                        raise
-                    skipper.skip(index, error)
-                    item = SKIPPED
-                durations.append(clock() - started)
-            out.append(item)
-        items = out
-        recorder.add_many("transform", durations)
-    if skipper is not None:
-        kept = [index for index, item in zip(indices, items, strict=True) if item is not SKIPPED]
-        items = [item for item in items if item is not SKIPPED]
-    return kept, items
-
-
-def transform_and_collate(
-    indices: Sequence[int],
-    items: list[Any],
-    transform: Transform | None,
-    collate: Callable[[list[Any]], Any],
-    recorder: Recorder,
-    skipper: Skipper | None,
-) -> Batch:
-    """Transform a batch's items (dropping the ones ``skipper`` lets go), then collate them:
-    one CPU job of a batch task."""
-    kept, items = transform_items(indices, items, transform, recorder, skipper)
-    started = time.perf_counter()
-    batch = collate(items)
-    recorder.add("collate", time.perf_counter() - started)
-    return kept, batch
-
-
-def fetch_or_skip(dataset: Any, indices: list[int], skipper: Skipper | None) -> list[Any]:
-    """Fetch a batch from a sync dataset; under ``errors="skip"``, drop the failing items."""
-    try:
-        return fetch_batch(dataset, indices)
-    except Exception:
-        if skipper is None:
-            raise
-    items: list[Any] = []
-    for index in indices:  # find the failing items one by one
-        try:
-            items.append(fetch_item(dataset, index))
-        except Exception as error:
-            skipper.skip(index, error)
-            items.append(SKIPPED)
-    return items
 
 
 class _Scope:
@@ -127,12 +60,48 @@ class EpochContext:
     cpu: ThreadPool
     batch_tasks: int
     item_concurrency: int
+    lanes: int
+    """``max(num_workers, 1) * item_concurrency``: the epoch's lanes (requests in flight)."""
     recorder: Recorder
     skipper: Skipper | None
     augment: tuple[int, int]
     """``(seed, epoch)``: the key random transforms draw from."""
     stream: StreamReader | None = None
     """A stream's reader for the epoch (``None`` for a map-style dataset)."""
+    procs: ProcessPool | None = None
+    """The worker processes that run the CPU stage (``None``: the CPU pool's threads)."""
+    after: Callable[[Any], Any] | None = None
+    """Applied to a batch from a worker process, in this process (pinning its memory)."""
+
+    @property
+    def transforms_items(self) -> bool:
+        """Whether the lanes hand each item to the CPU threads for its transform (with
+        worker processes, the batch's transforms run with its collation instead)."""
+        return self.transform is not None and self.procs is None
+
+    async def in_process(self, indices: list[int], items: list[Any] | None) -> Batch:
+        """Transform and collate a batch in a worker process; fetch it there first when
+        ``items`` is ``None`` (a sync dataset). What the worker recorded and dropped is
+        counted here."""
+        assert self.procs is not None
+        fetching = items is None
+        if fetching:
+            self.recorder.calls_started(1, len(indices))
+        try:
+            reply = await self.procs.run(
+                (FETCH if fetching else FINISH, indices, items, self.augment)
+            )
+        finally:
+            if fetching:
+                self.recorder.calls_started(-1, -len(indices))
+        self.recorder.merge(reply.tally)
+        for index, error in reply.skipped:
+            assert self.skipper is not None
+            self.skipper.skip(index, error)
+        if reply.error is not None:
+            raise reply.error
+        kept, batch = reply.value
+        return kept, batch if self.after is None else self.after(batch)
 
     def scope(self) -> _Scope:
         """Make the epoch's recorder and augmentation key current (the datasets' retry loops

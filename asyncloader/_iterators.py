@@ -21,8 +21,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ._batch_work import Batch, fetch_or_skip, transform_items
 from ._driver import EpochBatches, drive
-from ._epoch import Batch, EpochContext, fetch_or_skip, transform_items
+from ._epoch import EpochContext
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
 from ._state import Progress

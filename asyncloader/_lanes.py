@@ -81,7 +81,7 @@ class BatchFetch:
         """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
         it with :meth:`end_locked` as it takes its next item), or hand it to the CPU pool for
         its transform, which ends it."""
-        if self.context.transform is None:
+        if not self.context.transforms_items:
             self.items[position] = item
             return True
         try:
@@ -182,7 +182,7 @@ class Lanes:
         self._idle: deque[asyncio.Future[None]] = deque()
         loop = asyncio.get_running_loop()
         self._loop = loop
-        lanes = context.batch_tasks * context.item_concurrency
+        lanes = context.lanes
         self._tasks = [loop.create_task(self._lane()) for _ in range(lanes)]
 
     async def fetch(self, indices: list[int], position: int) -> list[Any]:
@@ -198,7 +198,7 @@ class Lanes:
         get, recorder, clock = context.source.get, context.recorder, time.perf_counter
         opened = self._opened
         lock = opened.lock
-        prioritized = context.transform is not None  # priority only orders transforms
+        prioritized = context.transforms_items  # priority only orders transforms
         batch: BatchFetch | None = None
         stored: BatchFetch | None = None  # its item is ended as this lane takes the next
         busy = False  # counted in flight: from a lane's first item to its going idle
@@ -256,7 +256,7 @@ class ThreadLanes:
         self._context = context
         self._io = context.source.io
         self._opened = _Opened(context)
-        self._lanes = context.batch_tasks * context.item_concurrency
+        self._lanes = context.lanes
         self._running = 0
 
     async def fetch(self, indices: list[int], position: int) -> list[Any]:

@@ -16,6 +16,7 @@ from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
 from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
+from ._processes import pickle_work, prepare
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
@@ -28,6 +29,7 @@ from ._stats import LoaderStats, Recorder
 from ._stream import StreamBatches, check_stream_settings, stream_kind
 from ._stream_epochs import StreamEpochs
 from ._transform import Transform
+from ._worker import Work
 
 logger = logging.getLogger("asyncloader")
 
@@ -68,6 +70,15 @@ class DataLoader:
         prefetch_depth: At least 1: no batch starts more than ``max(num_workers, 1) +
             prefetch_depth`` batches ahead of the one you take next (the memory bound).
         cpu_threads: Threads of the CPU pool; the CPUs available by default.
+        cpu_processes: Run the CPU stage in this many worker processes instead of threads
+            (exclusive with ``cpu_threads``), for work that holds the GIL: a sync dataset's
+            ``__getitem__``/``__getitems__`` with the transform and the collation, or, for an
+            async dataset or a stream, the transform and the collation only. Started once
+            per loader (forkserver), fed the dataset, transform and ``collate_fn`` once, as
+            they were when the loader was built (so they must pickle); batches come back in
+            shared memory. At least two batches per process are in work. A script that uses
+            it must start the loader under ``if __name__ == "__main__":``
+            (``docs/processes.md``).
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
             in torch) waits forever. Honoured on every path: with a time-out, an epoch that
             would run inline runs on the loader's loop thread.
@@ -107,6 +118,7 @@ class DataLoader:
         item_concurrency: int = 1,
         prefetch_depth: int = 2,
         cpu_threads: int | None = None,
+        cpu_processes: int | None = None,
         timeout: float | None = None,
         pin_memory: bool = False,
         rank: int | None = None,
@@ -130,6 +142,7 @@ class DataLoader:
             cpu_threads=cpu_threads,
             timeout=timeout,
             pin_memory=pin_memory,
+            cpu_processes=cpu_processes,
         )
         check_callable("transform", transform)
         check_callable("collate_fn", collate_fn)
@@ -155,19 +168,39 @@ class DataLoader:
         collate = default_collate if collate_fn is None else collate_fn
         if self._unbatched:
             collate = unbatched(collate_fn)
-        if self._settings.pin_memory and pinning_available():
+        pin = self._settings.pin_memory and pinning_available()
+        self._after = pin_batch if pin and self._settings.cpu_processes else None
+        if pin and not self._settings.cpu_processes:
             self._collate: Callable[[list[Any]], Any] = lambda items: pin_batch(collate(items))
         else:
             self._collate = collate
         self._max_errors = check_errors(errors, max_errors)
         self._skip = errors == "skip"
+        self._work = self._pickled_work(kind) if self._settings.cpu_processes else None
         limit = self._settings.requests_in_flight if kind is None else 1  # a stream: a reader
+        if self._work is not None and kind is None and not self._is_async:
+            limit = self._settings.batch_tasks  # batches fetched whole in worker processes
         self._recorder = Recorder(limit, self._settings.cpu_threads, stream=kind is not None)
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume: Resume | None = None
         self._skipper: Skipper | None = None
         self._runtime: Runtime | None = None
+
+    def _pickled_work(self, kind: str | None) -> bytes:
+        """What the worker processes run, pickled now, so that what cannot be sent fails
+        here, named."""
+        fetched_there = kind is None and not self._is_async
+        if fetched_there and self._settings.item_concurrency > 1:
+            raise ValueError(
+                f"item_concurrency={self._settings.item_concurrency} with cpu_processes: a "
+                "sync dataset's batch is fetched whole in a worker process; for requests in "
+                "flight, use an async dataset (its requests stay on the event loop)"
+            )
+        dataset = self._dataset if fetched_there else None
+        work = pickle_work(Work(dataset, self._transform, self._collate, self._skip))
+        prepare()  # the fork server loads while the caller goes on
+        return work
 
     @property
     def dataset(self) -> Any:
@@ -271,6 +304,8 @@ class DataLoader:
                 self._settings.cpu_threads,
                 self._settings.requests_in_flight,
                 closers=[close] if close is not None else [],
+                processes=self._settings.cpu_processes,
+                work=self._work,
             )
         return self._runtime
 
@@ -284,10 +319,13 @@ class DataLoader:
             cpu=runtime.cpu,
             batch_tasks=self._settings.batch_tasks,
             item_concurrency=self._settings.item_concurrency,
+            lanes=self._settings.requests_in_flight,
             recorder=self._recorder,
             skipper=self._skipper,
             augment=(self.seed, epoch),
             stream=batches.reader if isinstance(batches, StreamBatches) else None,
+            procs=runtime.procs,
+            after=self._after,
         )
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
@@ -297,7 +335,12 @@ class DataLoader:
         context = self._context(runtime, progress.epoch, batches)
         # The direct path cannot stop a batch that outlasts `timeout`: with one, the epoch
         # runs on the loop thread, whose hand-off honours it.
-        direct = not self._is_async and settings.num_workers == 0 and settings.timeout is None
+        direct = (
+            not self._is_async
+            and settings.num_workers == 0
+            and settings.timeout is None
+            and not settings.cpu_processes
+        )
         if direct and settings.item_concurrency == 1 and isinstance(batches, Sequence):
             return DirectIterator(context, batches, with_indices, progress)
         return ThreadedIterator(

@@ -21,6 +21,7 @@ from typing import Final
 
 from ._loop_thread import LoopThread
 from ._pool import ThreadPool
+from ._processes import ProcessPool
 
 logger = logging.getLogger("asyncloader")
 
@@ -44,6 +45,7 @@ class _Parts:
     cpu: ThreadPool | None = None
     io: ThreadPool | None = None
     loop: LoopThread | None = None
+    procs: ProcessPool | None = None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def stop(self) -> None:
@@ -68,6 +70,9 @@ class _Parts:
             if pool is not None:
                 pool.shutdown(wait=True)
         self.cpu = self.io = None
+        procs, self.procs = self.procs, None
+        if procs is not None:
+            procs.close()
 
 
 class Runtime:
@@ -78,6 +83,8 @@ class Runtime:
         io_threads: Threads of the I/O pool that runs a sync dataset's calls.
         closers: Awaited on the loop thread before it stops (an async dataset's ``aclose``),
             whether the loader is closed or forgotten.
+        processes: Worker processes of the CPU stage (0: none).
+        work: What they run, pickled (with ``processes``).
     """
 
     def __init__(
@@ -85,9 +92,13 @@ class Runtime:
         cpu_threads: int,
         io_threads: int,
         closers: list[Callable[[], Awaitable[None]]] | None = None,
+        processes: int = 0,
+        work: bytes | None = None,
     ) -> None:
         self.cpu_threads = cpu_threads
         self.io_threads = io_threads
+        self.processes = processes
+        self.work = work
         self._parts = _Parts(closers=closers or [])
         self._finalizer = weakref.finalize(self, self._parts.stop)
 
@@ -111,6 +122,14 @@ class Runtime:
         return self._parts.io
 
     @property
+    def procs(self) -> ProcessPool | None:
+        """The worker processes of the CPU stage, started on first use (``None``: none)."""
+        if self.processes and self._parts.procs is None:
+            assert self.work is not None
+            self._parts.procs = ProcessPool(self.processes, self.work)
+        return self._parts.procs
+
+    @property
     def loop_thread(self) -> LoopThread:
         """The loader's own event loop thread, started on first use."""
         if self._parts.loop is None:
@@ -125,11 +144,17 @@ class Runtime:
         return any(pool is not None and pool.owns(current) for pool in (parts.cpu, parts.io))
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until neither pool runs a job; return whether that happened within ``timeout``."""
+        """Wait until no pool (nor worker process) runs a job; return whether that happened
+        within ``timeout``."""
         deadline = time.monotonic() + timeout
+        pools: list[ThreadPool | ProcessPool | None] = [
+            self._parts.cpu,
+            self._parts.io,
+            self._parts.procs,
+        ]
         return all(
             pool.wait_idle(max(0.0, deadline - time.monotonic()))
-            for pool in (self._parts.cpu, self._parts.io)
+            for pool in pools
             if pool is not None
         )
 
@@ -146,6 +171,8 @@ class Runtime:
         if parts.io is not None and parts.io.busy:
             parts.io.shutdown(wait=False)
             parts.io = None
+        if parts.procs is not None and parts.procs.busy:
+            parts.procs.retire_busy()  # killed, and replaced
 
     def close(self, run_closers: bool = True) -> None:
         """Run the closers on the loop thread (unless the caller already closed the dataset),

@@ -70,6 +70,8 @@ class Settings:
     cpu_threads: int
     timeout: float | None
     pin_memory: bool
+    cpu_processes: int = 0
+    """Worker processes of the CPU stage (0: threads)."""
 
     @classmethod
     def build(
@@ -83,8 +85,18 @@ class Settings:
         cpu_threads: object,
         timeout: object,
         pin_memory: object,
+        cpu_processes: object = None,
     ) -> Settings:
         """Validate every setting, naming the first bad one and its value."""
+        processes = 0
+        if cpu_processes is not None:
+            processes = check_int("cpu_processes", cpu_processes, 1)
+            if cpu_threads is not None:
+                raise ValueError(
+                    f"cpu_threads={cpu_threads!r} and cpu_processes={cpu_processes!r} are "
+                    "exclusive: the CPU stage runs on threads or in processes"
+                )
+            cpu_threads = processes  # what the statistics divide the CPU stage's time by
         return cls(
             batch_size=check_int("batch_size", batch_size, 1),
             drop_last=check_bool("drop_last", drop_last),
@@ -97,13 +109,15 @@ class Settings:
             # 0 is torch's default and means no time-out there too.
             timeout=None if _is_zero(timeout) else check_timeout("timeout", timeout),
             pin_memory=check_bool("pin_memory", pin_memory),
+            cpu_processes=processes,
         )
 
     @property
     def batch_tasks(self) -> int:
-        """``num_workers``, at least one: batches fetched whole in work at once, and the
-        multiplier of ``item_concurrency`` in :attr:`requests_in_flight`."""
-        return max(self.num_workers, 1)
+        """``num_workers``, at least one, and with ``cpu_processes`` at least two per process
+        (each has its next batch while it works on one): batches fetched whole in work at
+        once."""
+        return max(self.num_workers, 2 * self.cpu_processes, 1)
 
     @property
     def window(self) -> int:
@@ -114,7 +128,7 @@ class Settings:
     @property
     def requests_in_flight(self) -> int:
         """The most dataset calls in flight at once: ``max(num_workers, 1) * item_concurrency``."""
-        return self.batch_tasks * self.item_concurrency
+        return max(self.num_workers, 1) * self.item_concurrency
 
 
 class ReadOnly(Generic[T]):

@@ -5,13 +5,22 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Literal
+from typing import Final, Literal
 
 from ._stats import Recorder
 
 logger = logging.getLogger("asyncloader")
 
-SKIPPED = object()
+
+class _Skipped:
+    def __reduce__(self) -> str:
+        return "SKIPPED"  # the one instance, in any process
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+SKIPPED: Final = _Skipped()
 """Stands for an item dropped by ``errors="skip"`` until the batch is collated."""
 
 _LISTED = 10

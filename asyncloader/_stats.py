@@ -31,6 +31,10 @@ def note_retry() -> None:
         recorder.add_retry()
 
 
+Tally = tuple[list[float], list[float], list[float], int, int, int]
+"""What one job of a worker process recorded: its fetch, transform and collate durations,
+items, bytes and retries."""
+
 Stage = Literal["fetch", "transform", "collate", "permit_wait", "consumer_wait"]
 """A stage the recorder times."""
 
@@ -251,6 +255,15 @@ class Recorder:
         one item, without building a list (it runs once per item on the loop thread)."""
         self._call_ended(started, 1, 1, len(item) if _is_bytes_like(item) else 0)
 
+    def calls_started(self, calls: int, items: int) -> None:
+        """``calls`` dataset calls for ``items`` items began (negative: ended), timed
+        elsewhere (in a worker process)."""
+        with self._lock:
+            self.in_flight += calls
+            self.items_in_flight += items
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self.peak_items_in_flight = max(self.peak_items_in_flight, self.items_in_flight)
+
     def lanes_busy(self, lanes: int) -> None:
         """``lanes`` lanes began fetching, one item at a time (negative: went idle). A lane
         that goes from one item to the next counts once, so this runs on a lane's way in and
@@ -314,6 +327,33 @@ class Recorder:
             timing: _Timing = getattr(self, stage)
             for seconds in durations:
                 timing.add(seconds)
+
+    def tally(self) -> Tally:
+        """What this recorder holds, to be merged into another (a worker process's job)."""
+        with self._lock:
+            return (
+                list(self.fetch.samples),
+                list(self.transform.samples),
+                list(self.collate.samples),
+                self.items,
+                self.bytes,
+                self.retries,
+            )
+
+    def merge(self, tally: Tally) -> None:
+        """Add what a worker process's job recorded."""
+        fetches, transforms, collates, items, size, retries = tally
+        with self._lock:
+            for timing, durations in (
+                (self.fetch, fetches),
+                (self.transform, transforms),
+                (self.collate, collates),
+            ):
+                for seconds in durations:
+                    timing.add(seconds)
+            self.items += items
+            self.bytes += size
+            self.retries += retries
 
     def add_retry(self) -> None:
         with self._lock:

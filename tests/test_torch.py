@@ -109,3 +109,35 @@ def test_torch_shares_the_memory_of_a_batch() -> None:
     other = collate([picture(8, 10, seed=i) for i in range(4)])
     assert other.ctypes.data != where
     assert through_numpy[0, 0, 0, 0] == 42.0
+
+
+def test_batches_from_worker_processes_are_shared_with_torch_and_kept_while_it_holds_them() -> None:
+    from asyncloader import ImageCollator
+
+    from . import proc_data
+
+    loader = DataLoader(
+        proc_data.Images(48), batch_size=4, cpu_processes=1, collate_fn=ImageCollator()
+    )
+    with loader:
+        iterator = iter(loader)
+        batch = next(iterator)
+        tensor = torch.from_numpy(batch)
+        assert tensor.data_ptr() == batch.ctypes.data  # no copy on the way to torch
+        expected = tensor.clone()
+        del batch
+        gc.collect()
+        rest = list(iterator)  # the segment under the tensor is not reused meanwhile
+        assert torch.equal(tensor, expected)
+        assert all(other.ctypes.data != tensor.data_ptr() for other in rest)
+
+
+def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
+    loader = DataLoader(TorchStyle(), batch_size=4, cpu_processes=1)
+    with loader:
+        ours = list(loader)
+    theirs = list(torch.utils.data.DataLoader(TorchStyle(), batch_size=4))
+    for (x, y), (tx, ty) in zip(ours, theirs, strict=True):
+        assert type(x) is torch.Tensor
+        assert torch.equal(x, tx)
+        assert y.tolist() == ty.tolist()

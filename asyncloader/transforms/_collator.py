@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _shared as shared
 from ._image import CHWImage, describe
 from ._tensor import Vector, channel_stats
 
@@ -37,6 +38,9 @@ class _Pool:
         self._count = 0
         self._lock = threading.Lock()
         self.reused = 0
+
+    def __reduce__(self) -> tuple[type[_Pool], tuple[int]]:
+        return _Pool, (self.limit,)  # sent to a worker process: empty, with its own lock
 
     def take(self, nbytes: int) -> np.ndarray[Any, Any]:
         with self._lock:
@@ -172,6 +176,9 @@ class ImageCollator:
         return batch
 
     def _allocate(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+        in_shared = shared.empty(shape, dtype)
+        if in_shared is not None:  # a worker process: its shared memory is the pool
+            return in_shared
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if self.buffers == 0:
             return np.empty(shape, dtype)

@@ -1,0 +1,453 @@
+"""``cpu_processes``: a loader's worker processes, as the loader drives them.
+
+The workers are started once per loader with forkserver (spawn where there is none), never by
+forking the loader's process, which runs threads. Each gets the loader's work once
+(:class:`._worker.Work`, pickled when the loader was built), then jobs. Every worker has two
+threads here: one sends it jobs, the other takes its results. A job goes to whichever worker
+has room for it (at most :data:`DEPTH` held, so that its next job is already there when it
+ends one), the oldest batch first.
+
+A result is rebuilt on the shared memory the worker wrote it into (:mod:`._shared`) and
+resolves the job's asyncio future. A worker that dies (a segfault, ``os._exit``, the OOM
+killer) fails the jobs it held with a :class:`WorkerError` naming the signal or exit code, and
+is replaced; a worker that cannot load the work breaks the pool, and every job then fails
+saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import threading
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+from ._pool import priority
+from ._shared import Mapped
+from ._stats import Tally
+from ._worker import ErrorPayload, Job, Work, serve
+
+logger = logging.getLogger("asyncloader")
+
+DEPTH: Final = 2
+"""Jobs one worker holds at most: the one it runs and the next."""
+
+_JOIN_S: Final = 5.0
+"""How long closing waits for the workers to exit before it kills them."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process of ``cpu_processes`` failed a batch in a way the batch's own
+    exception cannot say: the worker died, or its exception could not be sent back."""
+
+
+def _start_method() -> str:
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def prepare() -> None:
+    """Start the fork server now, if that is how workers start: it imports what the main
+    module imports while the caller goes on, so the first worker starts sooner."""
+    if _start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _unpicklable(value: object, path: str, depth: int = 0) -> str:
+    """The attribute path of ``value`` where pickling fails (the deepest one found)."""
+    attributes = getattr(value, "__dict__", None)
+    if depth < 4 and isinstance(attributes, dict):
+        for name, attribute in attributes.items():
+            try:
+                pickle.dumps(attribute, protocol=5)
+            except Exception:
+                return _unpicklable(attribute, f"{path}.{name}", depth + 1)
+    return path
+
+
+def pickle_work(work: Work) -> bytes:
+    """``work`` pickled once, for every worker the loader starts.
+
+    Raises:
+        TypeError: Part of it cannot be pickled; the message names the part and attribute.
+    """
+    try:
+        return pickle.dumps(work, protocol=5)
+    except Exception as error:
+        for name, value in (
+            ("dataset", work.dataset),
+            ("transform", work.transform),
+            ("collate_fn", work.collate),
+        ):
+            try:
+                pickle.dumps(value, protocol=5)
+            except Exception as failed:
+                raise TypeError(
+                    f"cpu_processes: the {name} ({type(value).__name__}) cannot be sent to "
+                    f"the worker processes; {_unpicklable(value, name)} cannot be pickled: "
+                    f"{failed}"
+                ) from failed
+        raise TypeError(f"cpu_processes: the loader's work cannot be pickled: {error}") from error
+
+
+def _reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def rebuild_error(payload: ErrorPayload, where: str) -> BaseException:
+    """The exception a worker sent, of its own type where it can be rebuilt, with the
+    worker's traceback in its message."""
+    pickled, described, trace = payload
+    told = f"\n\n{where}; the worker's traceback:\n{trace}"
+    error: BaseException | None = None
+    if pickled is not None:
+        with contextlib.suppress(Exception):
+            error = pickle.loads(pickled)
+    if error is None:
+        return WorkerError(f"{described}{told}")
+    plain_text = type(error).__str__ is BaseException.__str__
+    if plain_text and len(error.args) <= 1 and all(isinstance(a, str) for a in error.args):
+        error.args = (f"{error}{told}",)
+    elif hasattr(error, "add_note"):
+        error.add_note(told.lstrip("\n"))
+    return error
+
+
+@dataclass
+class Reply:
+    """A job's outcome: its value (or the exception to raise), what it recorded, and the
+    items ``errors="skip"`` dropped (for the loader's skipper to count)."""
+
+    value: Any
+    error: BaseException | None
+    tally: Tally
+    skipped: list[tuple[int, BaseException]]
+
+
+class _Task:
+    __slots__ = ("future", "job", "loop")
+
+    def __init__(
+        self, job: Job, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Reply]
+    ) -> None:
+        self.job, self.loop, self.future = job, loop, future
+
+    def resolve(self, reply: Reply | None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if self.future.done():  # cancelled meanwhile
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(reply)  # type: ignore[arg-type]
+
+        # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(settle)
+
+
+class _Worker:
+    """One worker process, its socket and the two threads that serve it."""
+
+    def __init__(self, pool: ProcessPool, number: int) -> None:
+        self.pool = pool
+        self.number = number
+        context: Any = multiprocessing.get_context(_start_method())
+        parent, child = context.Pipe()
+        self.process = context.Process(
+            target=serve, args=(child,), name=f"asyncloader-worker-{number}", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.conn: Connection = parent
+        self.sock = socket.socket(fileno=os.dup(parent.fileno()))
+        self.held: deque[_Task] = deque()
+        """Jobs sent and not yet answered, in the order sent (and answered)."""
+        self.mapped: Mapped | None = None
+        self.ready = False
+        self.dead = False
+        self.where = f"in asyncloader worker process {number} (pid {self.process.pid})"
+        self.threads: list[threading.Thread] = []
+
+    def serve(self) -> None:
+        """Start the threads that send its jobs and take its results."""
+        self.threads = [
+            threading.Thread(
+                target=role,
+                name=f"asyncloader-worker-{self.number}-{role.__name__[1:]}",
+                daemon=True,
+            )
+            for role in (self._send, self._receive)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _send(self) -> None:
+        pool = self.pool
+        try:
+            self.conn.send_bytes(pool.work)
+            while True:
+                task = pool.take(self)
+                if task is None:
+                    break
+                try:
+                    message = pickle.dumps(task.job, protocol=5)
+                except Exception as error:  # items that cannot cross
+                    pool.done(self, None)
+                    task.resolve(None, WorkerError(f"a batch's items cannot be pickled: {error}"))
+                    continue
+                self.conn.send_bytes(message)
+                del message, task
+            if not self.dead:
+                self.conn.send_bytes(pickle.dumps(None))  # stop
+        except OSError:  # the worker is gone: the receiving thread fails what it held
+            return
+
+    def _receive(self) -> None:
+        try:
+            status = pickle.loads(self.conn.recv_bytes())
+            if status[0] == "broken":
+                self.pool.broke(rebuild_error(status[1], self.where))
+                return
+            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            self.mapped = Mapped(fds[0])
+            self.ready = True
+            while True:
+                reply = pickle.loads(self.conn.recv_bytes())
+                fds = []
+                if reply[0] == "ok" and reply[3]:
+                    _, fds, _, _ = socket.recv_fds(self.sock, 1, len(reply[3]))
+                task = self.pool.done(self, True)
+                self._deliver(task, reply, fds)
+                del task, reply
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._died()
+
+    def _deliver(self, task: _Task, reply: tuple[Any, ...], fds: list[int]) -> None:
+        mapped = self.mapped
+        assert mapped is not None
+        if reply[0] != "ok":
+            _, error, tally, skipped = reply
+            result = Reply(None, rebuild_error(error, self.where), tally, self._errors(skipped))
+            task.resolve(result)
+            return
+        _, data, refs, new, dropped, tally, skipped = reply
+        mapped.add(new, fds)
+        mapped.drop(dropped)
+        if task.future.cancelled():
+            mapped.free(refs)
+            return
+        try:
+            value = mapped.unpack(data, refs)
+        except Exception as error:
+            task.resolve(Reply(None, error, tally, self._errors(skipped)))
+            return
+        task.resolve(Reply(value, None, tally, self._errors(skipped)))
+
+    def _errors(self, skipped: list[tuple[int, ErrorPayload]]) -> list[tuple[int, BaseException]]:
+        return [(index, rebuild_error(error, self.where)) for index, error in skipped]
+
+    def _died(self) -> None:
+        pool = self.pool
+        held = pool.lost(self)
+        self.process.join(timeout=1.0)
+        if self.process.is_alive():  # its socket failed, not the process: end it
+            self.process.kill()
+            self.process.join(timeout=1.0)
+        if pool.closing:
+            for task in held:
+                task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
+            return
+        reason = _reason(self.process.exitcode)
+        if held or not self.ready:
+            logger.warning("asyncloader worker process %d %s", self.number, reason)
+        if not self.ready:  # it could not even start: a new one would fare no better
+            error = WorkerError(
+                f"asyncloader worker process {self.number} {reason} as it started (its "
+                "output says why); a script whose loader has cpu_processes must start it "
+                "under `if __name__ == '__main__':`, since each worker imports the script"
+            )
+            for task in held:
+                task.resolve(None, error)
+            pool.broke(error)
+            return
+        error = WorkerError(
+            f"asyncloader worker process {self.number} (pid {self.process.pid}) {reason} "
+            "while it held this batch; a new worker took its place"
+        )
+        for task in held:
+            task.resolve(None, error)
+        try:
+            pool.replace(self)
+        except Exception as failed:
+            pool.broke(WorkerError(f"a new asyncloader worker process could not start: {failed}"))
+
+    def close(self, join: float = 0.0) -> None:
+        """Close this side's socket (after the worker exited or was killed), and wait up to
+        ``join`` seconds for its threads to end."""
+        self.sock.close()
+        self.conn.close()
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(join)
+
+
+class ProcessPool:
+    """``processes`` worker processes running jobs for asyncio code, oldest batch first.
+
+    Args:
+        processes: How many workers.
+        work: The pickled :class:`._worker.Work` every worker loads.
+    """
+
+    def __init__(self, processes: int, work: bytes) -> None:
+        self.processes = processes
+        self.work = work
+        self.pid = os.getpid()
+        self.closing = False
+        self._broken: BaseException | None = None
+        self._queue: list[tuple[int, int, _Task]] = []
+        self._order = itertools.count()
+        self._busy = 0
+        """Jobs queued or held by a worker."""
+        self._changed = threading.Condition(threading.Lock())
+        self.workers = [_Worker(self, number) for number in range(processes)]
+        for worker in self.workers:
+            worker.serve()
+
+    async def run(self, job: Job) -> Reply:
+        """Run ``job`` in a worker; cancelling the caller drops a job not yet sent."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        task = _Task(job, loop, future)
+        with self._changed:
+            if self.closing:
+                raise RuntimeError("the loader's worker processes are shut down")
+            if self._broken is not None:
+                raise self._broken
+            heapq.heappush(self._queue, (priority.get(), next(self._order), task))
+            self._busy += 1
+            self._changed.notify()
+        return await future
+
+    def take(self, worker: _Worker) -> _Task | None:
+        """The next job for ``worker`` once it has room (its sending thread); ``None``: stop."""
+        with self._changed:
+            while True:
+                if self.closing or worker.dead:
+                    return None
+                while self._queue and len(worker.held) < DEPTH:
+                    task = heapq.heappop(self._queue)[2]
+                    if task.future.cancelled():  # its epoch ended: never sent
+                        self._settle_locked()
+                        continue
+                    worker.held.append(task)
+                    return task
+                self._changed.wait()
+
+    def done(self, worker: _Worker, answered: bool | None) -> _Task:
+        """``worker`` answered its oldest job (or, with ``None``, could not send it)."""
+        with self._changed:
+            task = worker.held.popleft() if answered else worker.held.pop()
+            self._settle_locked()
+            self._changed.notify_all()
+            return task
+
+    def _settle_locked(self) -> None:
+        self._busy -= 1
+        if self._busy == 0:
+            self._changed.notify_all()
+
+    def lost(self, worker: _Worker) -> list[_Task]:
+        """``worker`` is gone: the jobs it held, no longer counted."""
+        with self._changed:
+            worker.dead = True
+            held = list(worker.held)
+            worker.held.clear()
+            for _ in held:
+                self._settle_locked()
+            self._changed.notify_all()
+            return held
+
+    def replace(self, worker: _Worker) -> None:
+        """Start a new worker in the place of ``worker``, which died."""
+        worker.close()
+        with self._changed:
+            if self.closing or self._broken is not None:
+                return
+            try:
+                position = self.workers.index(worker)
+            except ValueError:
+                return
+            worker = self.workers[position] = _Worker(self, worker.number)
+        worker.serve()
+
+    def broke(self, error: BaseException) -> None:
+        """No worker can run the work: fail every job, now and later, with ``error``."""
+        with self._changed:
+            self._broken = error
+            queued, self._queue = self._queue, []
+            for _ in queued:
+                self._settle_locked()
+            self._changed.notify_all()
+        for _, _, task in queued:
+            task.resolve(None, error)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job is queued or held by a worker."""
+        return self._busy > 0
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no job is queued or held; return whether that happened in time."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._busy == 0, timeout)
+
+    def retire_busy(self) -> None:
+        """Kill the workers still running jobs of an abandoned epoch (a call that never
+        returns); each is replaced."""
+        with self._changed:
+            stuck = [worker for worker in self.workers if worker.held]
+        for worker in stuck:
+            with contextlib.suppress(OSError):
+                worker.process.kill()
+
+    def close(self) -> None:
+        """Stop the workers: each ends its job and exits, or is killed after a while."""
+        with self._changed:
+            if self.closing:
+                return
+            self.closing = True
+            queued, self._queue = self._queue, []
+            self._busy -= len(queued)
+            self._changed.notify_all()
+            workers = list(self.workers)
+        for _, _, task in queued:
+            task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
+        if os.getpid() != self.pid:
+            return
+        for worker in workers:
+            worker.process.join(timeout=_JOIN_S / max(1, len(workers)))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=1.0)
+            worker.close(join=1.0)

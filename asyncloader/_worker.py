@@ -1,0 +1,143 @@
+"""A worker process of ``cpu_processes``: it runs the CPU stage of batches, one at a time.
+
+It gets the loader's work once (the sync dataset, the transform, the collate function), then
+jobs over its socket: ``fetch`` (fetch a sync dataset's batch, transform, collate) or ``finish``
+(transform and collate items the loader fetched). Each job runs in the code the threads run
+(:mod:`._epoch`), under the job's ``(seed, epoch)`` key, so its batch is the one a thread would
+make, bit for bit. The batch goes back through shared memory (:mod:`._shared`); a failure goes
+back as a value: the exception pickled if it can be, its text and its traceback.
+
+A worker ignores SIGINT: Ctrl-C is the loader's to handle, and it stops its workers. It exits
+when the loader says so or goes away (its socket closes).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+from ._augment import epoch_key
+from ._batch_work import fetch_or_skip, transform_and_collate
+from ._shared import Arena, set_arena
+from ._skip import SKIPPED
+from ._stats import Recorder, current, fetched_bytes
+from ._transform import Transform
+
+FETCH: Final = "fetch"
+FINISH: Final = "finish"
+
+ErrorPayload = tuple[bytes | None, str, str]
+"""An exception sent back: pickled (``None`` if it cannot be), ``Type: text``, traceback."""
+
+
+def error_payload(error: BaseException) -> ErrorPayload:
+    """``error`` as it crosses to the loader."""
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    described = f"{type(error).__qualname__}: {error}"
+    try:
+        pickled: bytes | None = pickle.dumps(error, protocol=5)
+    except Exception:
+        pickled = None
+    return pickled, described, trace
+
+
+@dataclass(frozen=True)
+class Work:
+    """What every job of a loader's workers needs, sent to each worker once."""
+
+    dataset: Any
+    """The sync map-style dataset the ``fetch`` jobs read (``None``: the loader fetches)."""
+    transform: Transform | None
+    collate: Any
+    skip: bool
+    """``errors="skip"``: failing items are dropped, and reported with the batch."""
+
+
+class _Collect:
+    """The worker's side of ``errors="skip"``: it notes each dropped item; the loader's
+    skipper counts them (and fails the batch once over the epoch's budget)."""
+
+    def __init__(self) -> None:
+        self.skipped: list[tuple[int, ErrorPayload]] = []
+
+    def skip(self, index: int, error: BaseException) -> None:
+        self.skipped.append((index, error_payload(error)))
+
+
+Job = tuple[str, list[int], list[Any] | None, tuple[int, int]]
+"""``(kind, indices, items or None, (seed, epoch))``."""
+
+
+def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]]:
+    kind, indices, items, augment = job
+    tally = Recorder(1, 1)
+    collect = _Collect() if work.skip else None
+    tokens = current.set(tally), epoch_key.set(augment)
+    try:
+        if kind == FETCH:
+            started = time.perf_counter()
+            items = fetch_or_skip(work.dataset, indices, collect)  # type: ignore[arg-type]
+            tally.fetch.add(time.perf_counter() - started)
+            tally.items += sum(item is not SKIPPED for item in items)
+            tally.bytes += fetched_bytes(items)
+        assert items is not None
+        batch = transform_and_collate(
+            indices,
+            items,
+            work.transform,
+            work.collate,
+            tally,
+            collect,  # type: ignore[arg-type]
+        )
+        data, refs, new, dropped = arena.pack(batch)
+        skipped = [] if collect is None else collect.skipped
+        return ("ok", data, refs, new, dropped, tally.tally(), skipped), arena.fds(
+            [number for number, _ in new]
+        )
+    except Exception as error:
+        arena.release()
+        skipped = [] if collect is None else collect.skipped
+        return ("error", error_payload(error), tally.tally(), skipped), []
+    finally:
+        current.reset(tokens[0])
+        epoch_key.reset(tokens[1])
+
+
+def serve(conn: Connection) -> None:
+    """The worker's life: take the work, then run jobs until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    arena = Arena()
+    set_arena(arena)
+    # The descriptors of new segments go over the same socket, after their result.
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        try:
+            work: Work = pickle.loads(conn.recv_bytes())
+        except Exception as error:
+            conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
+            return
+        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+        socket.send_fds(sock, [b"F"], [arena.control_fd])
+        while True:
+            message = conn.recv_bytes()
+            job: Job | None = pickle.loads(message)
+            del message
+            if job is None:
+                return
+            reply, fds = _run(work, job, arena)
+            del job
+            conn.send_bytes(pickle.dumps(reply, protocol=5))
+            del reply
+            if fds:
+                socket.send_fds(sock, [b"F"], fds)
+    except (EOFError, OSError):  # the loader is gone
+        return
+    finally:
+        sock.close()

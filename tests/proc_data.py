@@ -1,0 +1,139 @@
+"""Datasets and transforms sent to worker processes (``cpu_processes``).
+
+Kept apart from the test modules, so that a worker imports only this, NumPy and asyncloader.
+Each one behaves the same in the loader's process and in a worker, except where it says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from asyncloader import transforms
+
+
+class Images:
+    """A sync map-style dataset of small HWC images (item ``i`` filled from ``i``)."""
+
+    def __init__(self, n: int, size: int = 12) -> None:
+        self.n = n
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        rng = np.random.default_rng(index)
+        image: np.ndarray[Any, Any] = rng.integers(0, 256, (self.size, self.size, 3), np.uint8)
+        return image
+
+
+class AsyncImages(Images):
+    """The same images from ``async def __getitem__``."""
+
+    async def __getitem__(self, index: int) -> np.ndarray[Any, Any]:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().__getitem__(index)
+
+
+class StreamOfImages:
+    """The same images as a stream (an iterable without ``__getitem__``)."""
+
+    def __init__(self, n: int) -> None:
+        self.images = Images(n)
+
+    def __iter__(self) -> Iterator[np.ndarray[Any, Any]]:
+        return (self.images[index] for index in range(self.images.n))
+
+
+def augment() -> transforms.Compose:
+    """Random crops and flips: drawn from ``(seed, epoch, index)``."""
+    return transforms.Compose([transforms.RandomCrop(8), transforms.RandomHorizontalFlip()])
+
+
+class Failing(Images):
+    """Item ``fail_at`` raises a ``ValueError`` (or kills its process, as ``how`` says) in a
+    worker process; in the loader's own process every item is fine."""
+
+    def __init__(self, n: int, fail_at: int, how: str = "raise") -> None:
+        super().__init__(n)
+        self.fail_at = fail_at
+        self.how = how
+        self.parent = os.getpid()
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if index == self.fail_at and os.getpid() != self.parent:
+            if self.how == "raise":
+                raise ValueError(f"item {index} is bad")
+            if self.how == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.how == "exit":
+                os._exit(7)
+        return super().__getitem__(index)
+
+
+class HangsOnce(Images):
+    """Item ``hang_at`` never returns in the first worker process that fetches it (it leaves
+    ``marker`` behind, so the worker that replaces it goes on)."""
+
+    def __init__(self, n: int, hang_at: int, marker: str) -> None:
+        super().__init__(n)
+        self.hang_at = hang_at
+        self.marker = marker
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if index == self.hang_at and not os.path.exists(self.marker):
+            with open(self.marker, "w"):
+                pass
+            threading.Event().wait()
+        return super().__getitem__(index)
+
+
+class Unpicklable(Images):
+    """Holds a lock, which cannot be pickled."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.state = {"fine": 1}
+        self.guard = Guarded()
+
+
+class Guarded:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+class Where:
+    """Item ``i`` is ``(i, pid, parent pid)`` of the process that fetched it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[int, int, int]:
+        return index, os.getpid(), os.getppid()
+
+
+class CountsPickles(Images):
+    """Counts, in the loader's process, how often it was pickled."""
+
+    pickled = 0
+
+    def __reduce__(self) -> Any:
+        CountsPickles.pickled += 1
+        return Images, (self.n, self.size)
+
+
+def spin(index: int, item: Any) -> Any:
+    """A transform that holds the GIL for a while (pure Python)."""
+    total = 0
+    for step in range(20_000):
+        total += step * index
+    return item

@@ -1,0 +1,430 @@
+"""``cpu_processes``: the CPU stage in worker processes, with the guarantees of threads.
+
+Real worker processes everywhere; what could hang or kill the test runs in a child process
+with a hard time-out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncloader import DataLoader, ImageCollator, SkipBudgetExceeded, WorkerError
+from asyncloader.testing import assert_equal_output_after_checkpoint
+
+from . import proc_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_epoch(loader: DataLoader) -> list[Any]:
+    """Each batch of one epoch, or the exception raised in its place."""
+    out: list[Any] = []
+    iterator = iter(loader)
+    while True:
+        try:
+            out.append(next(iterator))
+        except StopIteration:
+            return out
+        except Exception as raised:
+            out.append(raised)
+
+
+def _batches(loader: DataLoader, epochs: int = 2) -> list[list[Any]]:
+    out = []
+    for _ in range(epochs):
+        out.append([np.array(batch) for batch in loader])
+    return out
+
+
+def _same(a: list[list[Any]], b: list[list[Any]]) -> None:
+    assert [len(epoch) for epoch in a] == [len(epoch) for epoch in b]
+    for epoch_a, epoch_b in zip(a, b, strict=True):
+        for x, y in zip(epoch_a, epoch_b, strict=True):
+            assert x.dtype == y.dtype
+            assert x.shape == y.shape
+            assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        lambda: proc_data.Images(40),
+        lambda: proc_data.AsyncImages(40),
+        lambda: proc_data.StreamOfImages(40),
+    ],
+    ids=["sync", "async", "stream"],
+)
+def test_batches_are_bit_identical_to_threads_with_random_augmentation(dataset: Any) -> None:
+    shuffled = {} if isinstance(dataset(), proc_data.StreamOfImages) else {"shuffle": True}
+    common: dict[str, Any] = {
+        "batch_size": 6,
+        "seed": 3,
+        "transform": proc_data.augment(),
+        "collate_fn": ImageCollator(),
+        **shuffled,
+    }
+    with DataLoader(dataset(), cpu_threads=2, num_workers=2, **common) as threads:
+        expected = _batches(threads)
+    with DataLoader(dataset(), cpu_processes=2, **common) as processes:
+        got = _batches(processes)
+    _same(got, expected)
+    assert not np.array_equal(expected[0][0], expected[1][0])  # the epochs differ
+
+
+async def test_async_for_with_lanes_gives_the_same_batches() -> None:
+    common: dict[str, Any] = {"batch_size": 5, "seed": 1, "transform": proc_data.augment()}
+    with DataLoader(proc_data.AsyncImages(23), item_concurrency=4, **common) as threads:
+        expected = [np.array(batch) async for batch in threads]
+    async with DataLoader(
+        proc_data.AsyncImages(23), item_concurrency=4, cpu_processes=2, **common
+    ) as processes:
+        got = [np.array(batch) async for batch in processes]
+    _same([got], [expected])
+
+
+def test_a_sync_datasets_items_are_fetched_in_a_worker_forked_by_the_server() -> None:
+    with DataLoader(proc_data.Where(), batch_size=4, cpu_processes=2) as loader:
+        batches = list(loader)
+    indices, pids, parents = (np.concatenate([b[k] for b in batches]) for k in range(3))
+    assert indices.tolist() == list(range(8))
+    assert os.getpid() not in set(pids.tolist())
+    # forkserver: the workers are children of the fork server, not of this process, which
+    # runs threads (never forked).
+    assert os.getpid() not in set(parents.tolist())
+
+
+def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
+    proc_data.CountsPickles.pickled = 0
+    with DataLoader(proc_data.CountsPickles(12), batch_size=4, cpu_processes=2) as loader:
+        for _ in range(3):
+            assert len(list(loader)) == 3
+    assert proc_data.CountsPickles.pickled == 1
+
+
+def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() -> None:
+    loader = DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1)
+    with loader:
+        outcomes = run_epoch(loader)
+    assert isinstance(outcomes[1], ValueError)
+    message = str(outcomes[1])
+    assert message.startswith("item 5 is bad")
+    assert "in asyncloader worker process 0" in message
+    assert "proc_data.py" in message
+    assert "raise ValueError" in message
+    assert [np.array(b).shape for b in (outcomes[0], outcomes[2])] == [(4, 12, 12, 3)] * 2
+    assert loader.stats().errors == 1
+
+
+def test_skip_drops_the_failing_item_and_counts_it_here() -> None:
+    loader = DataLoader(
+        proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1, errors="skip"
+    )
+    with loader:
+        sizes = [len(batch) for batch in loader]
+        assert sizes == [4, 3, 4]
+        assert loader.stats().skipped == 1
+        assert loader.stats().items == 11
+
+
+def test_skip_over_budget_fails_the_batch() -> None:
+    loader = DataLoader(
+        proc_data.Failing(12, fail_at=5),
+        batch_size=4,
+        cpu_processes=1,
+        errors="skip",
+        max_errors=0,
+    )
+    with loader:
+        outcomes = run_epoch(loader)
+    assert isinstance(outcomes[1], SkipBudgetExceeded)
+    assert "item 5 is bad" in str(outcomes[1])
+
+
+@pytest.mark.parametrize(
+    ("how", "said"), [("segfault", "killed by signal SIGSEGV"), ("exit", "exited with code 7")]
+)
+def test_a_worker_that_dies_fails_only_the_batches_it_held(how: str, said: str) -> None:
+    loader = DataLoader(proc_data.Failing(40, fail_at=9, how=how), batch_size=2, cpu_processes=2)
+    with loader:
+        outcomes = run_epoch(loader)
+        failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
+        assert 4 in failed  # the batch of item 9
+        # A worker holds at most two batches; every other batch is whole and right.
+        assert len(failed) <= 2, failed
+        for n, outcome in enumerate(outcomes):
+            if n in failed:
+                assert isinstance(outcome, WorkerError)
+                assert said in str(outcome)
+            else:
+                assert np.array(outcome)[:, 0, 0, 0].tolist() == [
+                    proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
+                ]
+        # It was replaced: the next epoch runs on two live workers, and dies at item 9 again.
+        again = run_epoch(loader)
+        assert isinstance(again[4], WorkerError)
+        assert sum(not isinstance(o, BaseException) for o in again) >= len(again) - 2
+
+
+def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"cpu_processes: the dataset \(Unpicklable\).*"
+        r"dataset\.guard\.lock cannot be pickled",
+    ):
+        DataLoader(proc_data.Unpicklable(4), cpu_processes=1)
+
+
+def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
+        DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"cpu_processes": 0}, r"cpu_processes must be at least 1"),
+        ({"cpu_processes": 1.5}, r"cpu_processes must be an int"),
+        ({"cpu_processes": 2, "cpu_threads": 2}, r"cpu_threads=2 and cpu_processes=2 are excl"),
+        ({"cpu_processes": 1, "item_concurrency": 4}, r"item_concurrency=4 with cpu_processes"),
+    ],
+)
+def test_bad_settings_fail_at_construction_naming_them(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        DataLoader(proc_data.Images(4), **settings)
+
+
+def _memory_of(array: np.ndarray[Any, Any]) -> object:
+    """What finally owns an array's memory (the end of its ``base`` chain)."""
+    owner: object = array
+    while True:
+        if isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        elif isinstance(owner, memoryview):
+            owner = owner.obj
+        else:
+            return owner
+
+
+def test_batches_come_back_in_shared_memory_reused_once_dropped() -> None:
+    loader = DataLoader(
+        proc_data.Images(64, size=32), batch_size=4, cpu_processes=1, collate_fn=ImageCollator()
+    )
+    addresses = set()
+    with loader:
+        for batch in loader:
+            assert isinstance(_memory_of(batch), mmap.mmap)  # the worker's segment, uncopied
+            addresses.add(batch.ctypes.data)
+            del batch
+        # 16 batches, each dropped before the next is taken: a few segments, reused.
+        assert len(addresses) <= loader.num_workers + loader.prefetch_depth + 3
+        kept = list(loader)  # all kept: each its own memory, none overwritten
+        assert len({batch.ctypes.data for batch in kept}) == len(kept)
+        for n, batch in enumerate(kept):
+            assert np.array_equal(batch[0], proc_data.Images(64, 32)[4 * n].transpose(2, 0, 1))
+
+
+def test_the_default_collate_writes_into_shared_memory_too() -> None:
+    with DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1) as loader:
+        batches = list(loader)
+    # After close: the batches stay valid (the memory is this process's mapping too).
+    gc.collect()
+    assert np.array_equal(batches[1][3], proc_data.Images(8)[7])
+    assert all(isinstance(_memory_of(batch), mmap.mmap) for batch in batches)
+
+
+def test_a_break_cancels_and_the_next_epoch_is_whole(no_leaked_threads: None) -> None:
+    loader = DataLoader(proc_data.Images(40), batch_size=4, cpu_processes=2, seed=0)
+    for batch in loader:
+        assert batch.shape[0] == 4
+        break
+    assert [len(b) for b in loader] == [4] * 10
+    loader.close()
+
+
+def test_a_worker_stuck_in_a_call_is_replaced_once_its_epoch_is_abandoned(
+    tmp_path: Any,
+) -> None:
+    data = proc_data.HangsOnce(12, hang_at=5, marker=str(tmp_path / "hung"))
+    with DataLoader(data, batch_size=2, cpu_processes=1, timeout=0.5) as loader:
+        iterator = iter(loader)
+        assert [len(next(iterator)) for _ in range(2)] == [2, 2]
+        with pytest.raises(TimeoutError):
+            next(iterator)
+        iterator.close()  # type: ignore[attr-defined]  # the stuck worker is replaced
+        assert [len(batch) for batch in loader] == [2] * 6
+
+
+def test_resume_with_processes_is_exact() -> None:
+    assert_equal_output_after_checkpoint(
+        lambda: DataLoader(
+            proc_data.Images(30),
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            transform=proc_data.augment(),
+            cpu_processes=2,
+        ),
+        epochs=2,
+    )
+
+
+def _child(script: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    prelude = "import os, sys, signal, time\nfrom asyncloader import DataLoader\n"
+    prelude += "from tests import proc_data\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def _gone(pids: list[int], within: float = 20.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)  # polling processes that exit on their own; not a race
+    return False
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.timeout(120)
+def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> None:
+    before = _shm()
+    script = """
+    if __name__ == "__main__":
+        loader = DataLoader(proc_data.Images(4000), batch_size=8, cpu_processes=2)
+        it = iter(loader)
+        first = next(it)
+        print(" ".join(str(w.process.pid) for w in loader._runtime.procs.workers), flush=True)
+        if sys.argv[1] == "close":
+            loader.close()
+        elif sys.argv[1] == "raise":
+            raise RuntimeError("the training step failed")
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    """
+    for how in ("close", "raise", "kill"):
+        process = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import os, sys, signal\nfrom asyncloader import "
+                "DataLoader\nfrom tests import proc_data\n" + textwrap.dedent(script),
+                how,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        pids = [int(pid) for pid in process.stdout.split()]
+        assert len(pids) == 2, process.stderr
+        if how == "close":
+            assert process.returncode == 0, process.stderr
+        assert _gone(pids), f"{how}: workers {pids} outlived the loader"
+        assert _shm() == before, f"{how}: left in /dev/shm: {_shm() - before}"
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
+    result = _child(
+        """
+        import threading
+        if __name__ == "__main__":
+            loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
+                                transform=proc_data.spin)
+            it = iter(loader)
+            next(it)
+            pids = [w.process.pid for w in loader._runtime.procs.workers]
+            print(" ".join(map(str, pids)), flush=True)
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                for batch in it:
+                    pass
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+        """
+    )
+    lines = result.stdout.split("\n")
+    assert result.returncode == 0, result.stderr
+    assert lines[1] == "interrupted"
+    assert _gone([int(pid) for pid in lines[0].split()])
+
+
+@pytest.mark.timeout(120)
+def test_exit_without_close_does_not_hang() -> None:
+    result = _child(
+        """
+        if __name__ == "__main__":
+            loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
+                                transform=proc_data.spin)
+            it = iter(loader)
+            next(it)
+            print("done")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_the_main_guard_gets_a_clear_error(tmp_path: Any) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from asyncloader import DataLoader
+            from tests import proc_data
+            loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
+            try:
+                list(loader)
+            except Exception as error:
+                print(type(error).__name__, "::", error)
+            """
+        )
+    )
+    environment = {**os.environ, "PYTHONPATH": ROOT}
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=environment,
+    )
+    assert result.stdout.startswith("WorkerError :: "), result.stdout + result.stderr
+    assert "if __name__ == '__main__':" in result.stdout
+
+
+async def test_an_async_epoch_on_the_callers_loop() -> None:
+    async with DataLoader(proc_data.Images(10), batch_size=4, cpu_processes=1) as loader:
+        got = [batch.shape async for batch in loader]
+    assert got == [(4, 12, 12, 3), (4, 12, 12, 3), (2, 12, 12, 3)]
+    await asyncio.sleep(0)
