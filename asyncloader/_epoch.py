@@ -14,11 +14,11 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._augment import epoch_key
-from ._batch_work import Batch, transform_and_collate, transform_items
+from ._batch_work import Batch, fetch_or_skip, transform_and_collate, transform_items
 from ._pool import ThreadPool
 from ._processes import ProcessPool
 from ._skip import Skipper
@@ -72,6 +72,39 @@ class EpochContext:
     """The worker processes that run the CPU stage (``None``: the CPU pool's threads)."""
     after: Callable[[Any], Any] | None = None
     """Applied to a batch from a worker process, in this process (pinning its memory)."""
+    starting: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    """One batch at a time on the CPU threads while the worker processes start."""
+
+    async def _while_starting(self, indices: list[int], items: list[Any] | None) -> Batch:
+        """The batch on the CPU threads, the same code as in a worker, so that the first
+        batches do not wait for the workers to start. One batch at a time, its transforms
+        split over the threads: the first batch is ready soonest, whether or not the work
+        holds the GIL (two batches at once would share it)."""
+        assert self.procs is not None
+        async with self.starting:
+            if self.procs.ready:  # the workers started while this batch waited
+                return await self.in_process(indices, items)
+            if items is None:
+                started = self.recorder.fetch_started(len(indices))
+                fetched: list[Any] | None = None
+                try:
+                    fetched = await self.on_cpu(
+                        fetch_or_skip, self.source.dataset, indices, self.skipper
+                    )
+                finally:
+                    self.recorder.fetch_done(started, fetched, len(indices))
+                items = fetched
+            parts = self.parts(len(indices))
+            try:
+                if parts == 1:
+                    kept, batch = await self.on_cpu(self.finish, indices, items)
+                else:
+                    kept, batch = await transform_in_parts(self, indices, items, parts)
+            finally:
+                # Started once the first batch is made: their start takes CPU time, and the
+                # first batch is what the consumer waits for.
+                self.procs.start()
+            return kept, batch if self.after is None else self.after(batch)
 
     @property
     def transforms_items(self) -> bool:
@@ -84,6 +117,8 @@ class EpochContext:
         ``items`` is ``None`` (a sync dataset). What the worker recorded and dropped is
         counted here."""
         assert self.procs is not None
+        if not self.procs.ready:
+            return await self._while_starting(indices, items)
         fetching = items is None
         if fetching:
             self.recorder.calls_started(1, len(indices))

@@ -16,7 +16,7 @@ from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
 from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
-from ._processes import pickle_work, prepare
+from ._processes import PickledWork, pickle_work
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
@@ -187,7 +187,7 @@ class DataLoader:
         self._skipper: Skipper | None = None
         self._runtime: Runtime | None = None
 
-    def _pickled_work(self, kind: str | None) -> bytes:
+    def _pickled_work(self, kind: str | None) -> PickledWork:
         """What the worker processes run, pickled now, so that what cannot be sent fails
         here, named."""
         fetched_there = kind is None and not self._is_async
@@ -198,9 +198,7 @@ class DataLoader:
                 "flight, use an async dataset (its requests stay on the event loop)"
             )
         dataset = self._dataset if fetched_there else None
-        work = pickle_work(Work(dataset, self._transform, self._collate, self._skip))
-        prepare()  # the fork server loads while the caller goes on
-        return work
+        return pickle_work(Work(dataset, self._transform, self._collate, self._skip))
 
     @property
     def dataset(self) -> Any:

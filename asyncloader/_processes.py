@@ -1,8 +1,8 @@
 """``cpu_processes``: a loader's worker processes, as the loader drives them.
 
-The workers are started once per loader with forkserver (spawn where there is none), never by
-forking the loader's process, which runs threads. Each gets the loader's work once
-(:class:`._worker.Work`, pickled when the loader was built), then jobs. Every worker has two
+The workers are started once per loader by its zygote (:mod:`._zygote`), never by forking the
+loader's process, which runs threads. Each gets the loader's work once (:class:`._worker.Work`,
+pickled when the loader was built), then jobs. Every worker has two
 threads here: one sends it jobs, the other takes its results. A job goes to whichever worker
 has room for it (at most :data:`DEPTH` held, so that its next job is already there when it
 ends one), the oldest batch first.
@@ -21,7 +21,6 @@ import contextlib
 import heapq
 import itertools
 import logging
-import multiprocessing
 import os
 import pickle
 import signal
@@ -35,7 +34,8 @@ from typing import Any, Final
 from ._pool import priority
 from ._shared import Mapped
 from ._stats import Tally
-from ._worker import ErrorPayload, Job, Work, serve
+from ._worker import ErrorPayload, Job, Work
+from ._zygote import IN_WORKER, Zygote, pickle_with_modules
 
 logger = logging.getLogger("asyncloader")
 
@@ -51,20 +51,6 @@ class WorkerError(RuntimeError):
     exception cannot say: the worker died, or its exception could not be sent back."""
 
 
-def _start_method() -> str:
-    methods = multiprocessing.get_all_start_methods()
-    return "forkserver" if "forkserver" in methods else "spawn"
-
-
-def prepare() -> None:
-    """Start the fork server now, if that is how workers start: it imports what the main
-    module imports while the caller goes on, so the first worker starts sooner."""
-    if _start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-
-
 def _unpicklable(value: object, path: str, depth: int = 0) -> str:
     """The attribute path of ``value`` where pickling fails (the deepest one found)."""
     attributes = getattr(value, "__dict__", None)
@@ -77,14 +63,28 @@ def _unpicklable(value: object, path: str, depth: int = 0) -> str:
     return path
 
 
-def pickle_work(work: Work) -> bytes:
+@dataclass(frozen=True)
+class PickledWork:
+    """The loader's work as every worker gets it, and the modules the zygote imports for it."""
+
+    data: bytes
+    modules: list[str]
+    main: bool
+    """Whether it needs the main module (something in it was defined in a script)."""
+
+
+def pickle_work(work: Work) -> PickledWork:
     """``work`` pickled once, for every worker the loader starts.
 
     Raises:
         TypeError: Part of it cannot be pickled; the message names the part and attribute.
+        RuntimeError: This is a worker process, importing a script whose loader is not
+            started under ``if __name__ == "__main__":``.
     """
+    if os.environ.get(IN_WORKER):
+        raise RuntimeError(UNGUARDED)
     try:
-        return pickle.dumps(work, protocol=5)
+        data, modules, main = pickle_with_modules(work)
     except Exception as error:
         for name, value in (
             ("dataset", work.dataset),
@@ -100,6 +100,14 @@ def pickle_work(work: Work) -> bytes:
                     f"{failed}"
                 ) from failed
         raise TypeError(f"cpu_processes: the loader's work cannot be pickled: {error}") from error
+    return PickledWork(data, modules, main)
+
+
+UNGUARDED: Final = (
+    "a DataLoader with cpu_processes was built while a worker process imported the main "
+    "script: its workers import the script to find what it defines, so the script must "
+    "build its loader under `if __name__ == '__main__':`"
+)
 
 
 def _reason(code: int | None) -> str:
@@ -169,22 +177,20 @@ class _Worker:
     def __init__(self, pool: ProcessPool, number: int) -> None:
         self.pool = pool
         self.number = number
-        context: Any = multiprocessing.get_context(_start_method())
-        parent, child = context.Pipe()
-        self.process = context.Process(
-            target=serve, args=(child,), name=f"asyncloader-worker-{number}", daemon=True
-        )
-        self.process.start()
-        child.close()
-        self.conn: Connection = parent
-        self.sock = socket.socket(fileno=os.dup(parent.fileno()))
+        assert pool.zygote is not None
+        self.process, self.sock = pool.zygote.spawn(number)
+        self.conn = Connection(os.dup(self.sock.fileno()))
         self.held: deque[_Task] = deque()
         """Jobs sent and not yet answered, in the order sent (and answered)."""
         self.mapped: Mapped | None = None
         self.ready = False
         self.dead = False
-        self.where = f"in asyncloader worker process {number} (pid {self.process.pid})"
         self.threads: list[threading.Thread] = []
+
+    @property
+    def where(self) -> str:
+        """Where a batch's error happened, for its message."""
+        return f"in asyncloader worker process {self.number} (pid {self.process.pid})"
 
     def serve(self) -> None:
         """Start the threads that send its jobs and take its results."""
@@ -202,7 +208,7 @@ class _Worker:
     def _send(self) -> None:
         pool = self.pool
         try:
-            self.conn.send_bytes(pool.work)
+            self.conn.send_bytes(pool.work.data)
             while True:
                 task = pool.take(self)
                 if task is None:
@@ -229,6 +235,7 @@ class _Worker:
             _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
             self.mapped = Mapped(fds[0])
             self.ready = True
+            self.pool.started()
             while True:
                 reply = pickle.loads(self.conn.recv_bytes())
                 fds = []
@@ -281,10 +288,14 @@ class _Worker:
         if held or not self.ready:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:  # it could not even start: a new one would fare no better
-            error = WorkerError(
-                f"asyncloader worker process {self.number} {reason} as it started (its "
-                "output says why); a script whose loader has cpu_processes must start it "
-                "under `if __name__ == '__main__':`, since each worker imports the script"
+            failure = None if pool.zygote is None else pool.zygote.failure
+            error = (
+                rebuild_error(failure, "as the worker processes started")
+                if failure is not None
+                else WorkerError(
+                    f"asyncloader worker process {self.number} {reason} as it started "
+                    "(its output says why)"
+                )
             )
             for task in held:
                 task.resolve(None, error)
@@ -304,11 +315,15 @@ class _Worker:
     def close(self, join: float = 0.0) -> None:
         """Close this side's socket (after the worker exited or was killed), and wait up to
         ``join`` seconds for its threads to end."""
-        self.sock.close()
-        self.conn.close()
+        # Shut down first: a thread blocked on the socket returns, and only then is it closed
+        # (a descriptor closed under a blocked read could be reused by another file).
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         for thread in self.threads:
             if thread is not threading.current_thread():
                 thread.join(join)
+        self.sock.close()
+        self.conn.close()
 
 
 class ProcessPool:
@@ -316,12 +331,14 @@ class ProcessPool:
 
     Args:
         processes: How many workers.
-        work: The pickled :class:`._worker.Work` every worker loads.
+        work: What every worker loads.
     """
 
-    def __init__(self, processes: int, work: bytes) -> None:
+    def __init__(self, processes: int, work: PickledWork) -> None:
         self.processes = processes
         self.work = work
+        self.zygote: Zygote | None = None
+        self.workers: list[_Worker] = []
         self.pid = os.getpid()
         self.closing = False
         self._broken: BaseException | None = None
@@ -330,9 +347,28 @@ class ProcessPool:
         self._busy = 0
         """Jobs queued or held by a worker."""
         self._changed = threading.Condition(threading.Lock())
-        self.workers = [_Worker(self, number) for number in range(processes)]
-        for worker in self.workers:
-            worker.serve()
+        self._ready = threading.Event()
+        self._starter: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the workers, on a thread of their own (the caller goes on); idempotent."""
+        with self._changed:
+            if self._starter is not None or self.closing:
+                return
+            self._starter = threading.Thread(
+                target=self._start, name="asyncloader-workers-start", daemon=True
+            )
+        self._starter.start()
+
+    def _start(self) -> None:
+        try:
+            self.zygote = Zygote(self.work.modules, self.work.main)
+            with self._changed:
+                self.workers = [_Worker(self, number) for number in range(self.processes)]
+            for worker in self.workers:
+                worker.serve()
+        except Exception as error:
+            self.broke(WorkerError(f"the worker processes could not start: {error}"))
 
     async def run(self, job: Job) -> Reply:
         """Run ``job`` in a worker; cancelling the caller drops a job not yet sent."""
@@ -405,12 +441,29 @@ class ProcessPool:
         """No worker can run the work: fail every job, now and later, with ``error``."""
         with self._changed:
             self._broken = error
+            self._ready.set()  # nothing to wait for
             queued, self._queue = self._queue, []
             for _ in queued:
                 self._settle_locked()
             self._changed.notify_all()
         for _, _, task in queued:
             task.resolve(None, error)
+
+    def started(self) -> None:
+        """A worker has loaded the work: jobs go to the workers from now on."""
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        """Whether a worker has loaded the work, or none ever will (the pool is broken: a job
+        then raises why)."""
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Start the workers if need be, and wait until :attr:`ready`; return whether that
+        happened in time."""
+        self.start()
+        return self._ready.wait(timeout)
 
     @property
     def busy(self) -> bool:
@@ -440,6 +493,10 @@ class ProcessPool:
             queued, self._queue = self._queue, []
             self._busy -= len(queued)
             self._changed.notify_all()
+            starter = self._starter
+        if starter is not None and starter is not threading.current_thread():
+            starter.join(_JOIN_S)  # its workers, if any, are then in the list
+        with self._changed:
             workers = list(self.workers)
         for _, _, task in queued:
             task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
@@ -451,3 +508,5 @@ class ProcessPool:
                 worker.process.kill()
                 worker.process.join(timeout=1.0)
             worker.close(join=1.0)
+        if self.zygote is not None:
+            self.zygote.close()

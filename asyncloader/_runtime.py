@@ -21,7 +21,7 @@ from typing import Final
 
 from ._loop_thread import LoopThread
 from ._pool import ThreadPool
-from ._processes import ProcessPool
+from ._processes import PickledWork, ProcessPool
 
 logger = logging.getLogger("asyncloader")
 
@@ -93,7 +93,7 @@ class Runtime:
         io_threads: int,
         closers: list[Callable[[], Awaitable[None]]] | None = None,
         processes: int = 0,
-        work: bytes | None = None,
+        work: PickledWork | None = None,
     ) -> None:
         self.cpu_threads = cpu_threads
         self.io_threads = io_threads

@@ -29,8 +29,9 @@ import numpy as np
 CONTROL_SIZE: Final = 4096
 """One control byte per segment: 1 while the loader may still use it."""
 
-_KEEP_FREE: Final = 8
-"""Free segments a worker keeps for reuse; more are closed."""
+_KEEP_FREE: Final = 2
+"""Free segments a worker keeps for reuse; more are closed (a worker makes one batch at a
+time, and the loader hands batches on in order, so a few free ones are enough)."""
 
 Ref = tuple[int, int, int]
 """A buffer in a segment: ``(segment, offset, bytes)``."""

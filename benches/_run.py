@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import pickle
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,6 +42,7 @@ from asyncloader import (
     default_collate,
 )
 
+from bench_gil import Numbers, TorchSpun, spin, spin_rate, train_step
 from bench_images import (
     Jpegs,
     TorchJpegs,
@@ -251,6 +253,10 @@ def images(system: str, spec: Spec) -> dict[str, Any]:
     clock = Clock()
     if system.startswith("asyncloader"):
         per_item = system.endswith("normalized per item")
+        # The CPU stage on threads, or in as many worker processes (issue 21).
+        cpu: dict[str, Any] = (
+            {"cpu_processes": threads} if "processes" in system else {"cpu_threads": threads}
+        )
         with DataLoader(
             Jpegs(jpegs),
             batch_size=64,
@@ -260,7 +266,7 @@ def images(system: str, spec: Spec) -> dict[str, Any]:
             # item, which on two cores left 0.70 of the limit against 0.82 in side runs.
             num_workers=2,
             item_concurrency=1,
-            cpu_threads=threads,
+            **cpu,
         ) as loader:
             clock.drain(loader)
     elif system == "torch":
@@ -462,6 +468,71 @@ def shards(system: str, spec: Spec) -> dict[str, Any]:
     return clock.result()
 
 
+# (i) a GIL-bound transform, (j) a training step that holds the GIL --------------------
+
+
+def gil(system: str, spec: Spec) -> dict[str, Any]:
+    count = spec["items"]
+    clock = Clock()
+    if system == "asyncloader cpu_processes=2":
+        with DataLoader(Numbers(count), batch_size=32, transform=spin, cpu_processes=2) as loader:
+            clock.drain(loader)
+    elif system == "asyncloader cpu_threads=2":
+        with DataLoader(
+            Numbers(count), batch_size=32, transform=spin, num_workers=2, cpu_threads=2
+        ) as loader:
+            clock.drain(loader)
+    elif system == "torch num_workers=2":
+        clock.drain(
+            torch.utils.data.DataLoader(
+                TorchSpun(count),  # type: ignore[arg-type,unused-ignore]
+                batch_size=32,
+                num_workers=2,
+                persistent_workers=True,
+            )
+        )
+    else:  # the transform in a plain loop, one core
+        return {"per_s": spin_rate(), "first_batch_s": None}
+    return clock.result()
+
+
+def train(system: str, spec: Spec) -> dict[str, Any]:
+    with open(spec["jpegs"], "rb") as file:
+        jpegs: list[bytes] = pickle.load(file)
+    torch.set_num_threads(1)
+    steps: list[tuple[float, float]] = []
+    clock = Clock()
+    batches: Iterable[Any]
+    if system.startswith("asyncloader"):
+        cpu: dict[str, Any] = (
+            {"cpu_processes": 2} if "processes" in system else {"cpu_threads": 2, "num_workers": 2}
+        )
+        loader = DataLoader(
+            Jpegs(jpegs),
+            batch_size=32,
+            transform=crop_chain(),
+            collate_fn=normalizing_collator(),
+            **cpu,
+        )
+        batches = loader
+    else:
+        dataset: Any = TorchJpegs(jpegs)
+        batches = torch.utils.data.DataLoader(
+            dataset, batch_size=32, num_workers=2, persistent_workers=True
+        )
+    for batch in batches:
+        clock.batch(len(batch))
+        steps.append(train_step())
+    if isinstance(batches, DataLoader):
+        batches.close()
+    held, computed = zip(*steps, strict=True)
+    return {
+        **clock.result(),
+        "hold_ms": statistics.median(held) * 1000,
+        "compute_ms": statistics.median(computed) * 1000,
+    }
+
+
 WORKLOADS: dict[str, Callable[[str, Spec], dict[str, Any]]] = {
     "tiny": tiny,
     "http": http,
@@ -469,6 +540,8 @@ WORKLOADS: dict[str, Callable[[str, Spec], dict[str, Any]]] = {
     "s3": s3,
     "files": files,
     "shards": shards,
+    "gil": gil,
+    "train": train,
 }
 
 

@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 
 from asyncloader import ImageCollator
@@ -101,6 +100,8 @@ class TorchJpegs(Jpegs):
         self.transform = chain()
 
     def __getitem__(self, index: int) -> Any:
+        import torch  # here, not at the top: see bench_gil's docstring
+
         image = self.transform(index, self.items[index])
         return torch.from_numpy(np.ascontiguousarray(image))
 

@@ -9,7 +9,9 @@ cores); (d) S3 on moto, 16 KiB objects (limit: obstore called directly); (e) 4 M
 (limit: a plain read loop); (f) the time to the first batch and (g) the peak memory of all
 processes, of every run; (h) WebDataset tar shards of 16 KiB samples behind 20 ms and on moto
 (TarShards against the webdataset package in torch's workers, against one request per sample,
-and against a bare aiohttp loop that streams the shards whole).
+and against a bare aiohttp loop that streams the shards whole); (i) a pure-Python transform
+that holds the GIL and (j) a training step that holds it, over JPEG decoding: the CPU stage in
+worker processes (``cpu_processes``) against threads and torch's persistent workers.
 
 Every run is a fresh process (``_run.py``), so start-up, first batch and memory are its own;
 the systems take turns run by run, and each figure is the median of ``--repeats`` runs, quoted
@@ -50,6 +52,8 @@ THREADS = (1, 2, 4)
 SHARDS = 16
 SHARDS_OPEN = 4
 """(h): TarShards' interleave, and the bare loop's streams at once."""
+GIL_SYSTEMS = ("asyncloader cpu_processes=2", "asyncloader cpu_threads=2", "torch num_workers=2")
+"""(i) and (j): the CPU stage in processes, on threads, and torch's workers."""
 PAGE = os.sysconf("SC_PAGE_SIZE")
 KEEP_FREED_MEMORY = {
     "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20),
@@ -283,7 +287,21 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
             runs += [{**base, "system": s} for s in ("asyncloader", "torch", "spdl")]
             if threads == 2:  # what normalizing while collating gains, in the same run
                 runs.append({**base, "system": "asyncloader, normalized per item"})
+                # The CPU stage in 2 worker processes instead (issue 21).
+                runs.append({**base, "system": "asyncloader cpu_processes"})
         workloads.append(("c", runs))
+    if "j" in only and "c" not in only:
+        from bench_images import make_jpegs
+
+        jpegs = os.path.join(folder, "jpegs.pickle")
+        with open(jpegs, "wb") as file:
+            pickle.dump(make_jpegs(2000), file)
+    if "i" in only:
+        gil = {"workload": "gil", "items": 12_288}
+        workloads.append(("i", [{**gil, "system": s} for s in (*GIL_SYSTEMS, "plain loop")]))
+    if "j" in only:
+        train = {"workload": "train", "jpegs": os.path.join(folder, "jpegs.pickle")}
+        workloads.append(("j", [{**train, "system": s} for s in GIL_SYSTEMS]))
     if "d" in only:
         bucket = stack.enter_context(moto_bucket(1024, 16 * 1024))
         # Each object 4 times: 64 batches, so that 16 batches in work reach a steady rate.
@@ -379,7 +397,7 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="a,b,c,d,e,h", help="workloads, e.g. a,c")
+    parser.add_argument("--only", default="a,b,c,d,e,h,i,j", help="workloads, e.g. a,c")
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {"repeats": args.repeats, "workloads": {}}

@@ -119,6 +119,9 @@ def test_batches_from_worker_processes_are_shared_with_torch_and_kept_while_it_h
     loader = DataLoader(
         proc_data.Images(48), batch_size=4, cpu_processes=1, collate_fn=ImageCollator()
     )
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    assert procs.wait_ready(30.0)  # the batches come from a worker, not the starting threads
     with loader:
         iterator = iter(loader)
         batch = next(iterator)

@@ -27,6 +27,14 @@ from . import proc_data
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def ready(loader: DataLoader) -> DataLoader:
+    """``loader`` once its workers are ready (until then, its CPU threads serve)."""
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    assert procs.wait_ready(30.0)
+    return loader
+
+
 def run_epoch(loader: DataLoader) -> list[Any]:
     """Each batch of one epoch, or the exception raised in its place."""
     out: list[Any] = []
@@ -76,9 +84,11 @@ def test_batches_are_bit_identical_to_threads_with_random_augmentation(dataset: 
     }
     with DataLoader(dataset(), cpu_threads=2, num_workers=2, **common) as threads:
         expected = _batches(threads)
-    with DataLoader(dataset(), cpu_processes=2, **common) as processes:
+    with ready(DataLoader(dataset(), cpu_processes=2, **common)) as processes:
         got = _batches(processes)
     _same(got, expected)
+    with DataLoader(dataset(), cpu_processes=2, **common) as starting:  # threads, then workers
+        _same(_batches(starting), expected)
     assert not np.array_equal(expected[0][0], expected[1][0])  # the epochs differ
 
 
@@ -93,15 +103,26 @@ async def test_async_for_with_lanes_gives_the_same_batches() -> None:
     _same([got], [expected])
 
 
-def test_a_sync_datasets_items_are_fetched_in_a_worker_forked_by_the_server() -> None:
-    with DataLoader(proc_data.Where(), batch_size=4, cpu_processes=2) as loader:
-        batches = list(loader)
+def _pids(loader: DataLoader) -> tuple[set[int], set[int]]:
+    """The processes that fetched one epoch's items, and their parents."""
+    batches = list(loader)
     indices, pids, parents = (np.concatenate([b[k] for b in batches]) for k in range(3))
     assert indices.tolist() == list(range(8))
-    assert os.getpid() not in set(pids.tolist())
+    return set(pids.tolist()), set(parents.tolist())
+
+
+def test_the_threads_serve_until_a_worker_forked_by_the_server_is_ready() -> None:
+    with DataLoader(proc_data.Where(), batch_size=4, cpu_processes=2) as loader:
+        # The first epoch starts with the workers: its first batch does not wait for them.
+        assert next(iter(loader))[1].tolist() == [os.getpid()] * 4
+        procs = loader._runtime.procs if loader._runtime is not None else None
+        assert procs is not None
+        assert procs.wait_ready(30.0)
+        pids, parents = _pids(loader)
+    assert os.getpid() not in pids
     # forkserver: the workers are children of the fork server, not of this process, which
     # runs threads (never forked).
-    assert os.getpid() not in set(parents.tolist())
+    assert os.getpid() not in parents
 
 
 def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
@@ -113,7 +134,7 @@ def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
 
 
 def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() -> None:
-    loader = DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1)
+    loader = ready(DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1))
     with loader:
         outcomes = run_epoch(loader)
     assert isinstance(outcomes[1], ValueError)
@@ -127,8 +148,8 @@ def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() 
 
 
 def test_skip_drops_the_failing_item_and_counts_it_here() -> None:
-    loader = DataLoader(
-        proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1, errors="skip"
+    loader = ready(
+        DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1, errors="skip")
     )
     with loader:
         sizes = [len(batch) for batch in loader]
@@ -145,6 +166,7 @@ def test_skip_over_budget_fails_the_batch() -> None:
         errors="skip",
         max_errors=0,
     )
+    ready(loader)
     with loader:
         outcomes = run_epoch(loader)
     assert isinstance(outcomes[1], SkipBudgetExceeded)
@@ -155,7 +177,9 @@ def test_skip_over_budget_fails_the_batch() -> None:
     ("how", "said"), [("segfault", "killed by signal SIGSEGV"), ("exit", "exited with code 7")]
 )
 def test_a_worker_that_dies_fails_only_the_batches_it_held(how: str, said: str) -> None:
-    loader = DataLoader(proc_data.Failing(40, fail_at=9, how=how), batch_size=2, cpu_processes=2)
+    loader = ready(
+        DataLoader(proc_data.Failing(40, fail_at=9, how=how), batch_size=2, cpu_processes=2)
+    )
     with loader:
         outcomes = run_epoch(loader)
         failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
@@ -219,8 +243,10 @@ def _memory_of(array: np.ndarray[Any, Any]) -> object:
 
 
 def test_batches_come_back_in_shared_memory_reused_once_dropped() -> None:
-    loader = DataLoader(
-        proc_data.Images(64, size=32), batch_size=4, cpu_processes=1, collate_fn=ImageCollator()
+    loader = ready(
+        DataLoader(
+            proc_data.Images(64, size=32), batch_size=4, cpu_processes=1, collate_fn=ImageCollator()
+        )
     )
     addresses = set()
     with loader:
@@ -237,7 +263,7 @@ def test_batches_come_back_in_shared_memory_reused_once_dropped() -> None:
 
 
 def test_the_default_collate_writes_into_shared_memory_too() -> None:
-    with DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1) as loader:
+    with ready(DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)) as loader:
         batches = list(loader)
     # After close: the batches stay valid (the memory is this process's mapping too).
     gc.collect()
@@ -258,7 +284,7 @@ def test_a_worker_stuck_in_a_call_is_replaced_once_its_epoch_is_abandoned(
     tmp_path: Any,
 ) -> None:
     data = proc_data.HangsOnce(12, hang_at=5, marker=str(tmp_path / "hung"))
-    with DataLoader(data, batch_size=2, cpu_processes=1, timeout=0.5) as loader:
+    with ready(DataLoader(data, batch_size=2, cpu_processes=1, timeout=0.5)) as loader:
         iterator = iter(loader)
         assert [len(next(iterator)) for _ in range(2)] == [2, 2]
         with pytest.raises(TimeoutError):
@@ -321,6 +347,9 @@ def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> Non
         loader = DataLoader(proc_data.Images(4000), batch_size=8, cpu_processes=2)
         it = iter(loader)
         first = next(it)
+        assert loader._runtime.procs.wait_ready(30)
+        for _ in range(8):  # batches from the workers, whose memory is shared
+            next(it)
         print(" ".join(str(w.process.pid) for w in loader._runtime.procs.workers), flush=True)
         if sys.argv[1] == "close":
             loader.close()
@@ -361,6 +390,7 @@ def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
                                 transform=proc_data.spin)
             it = iter(loader)
             next(it)
+            assert loader._runtime.procs.wait_ready(30)
             pids = [w.process.pid for w in loader._runtime.procs.workers]
             print(" ".join(map(str, pids)), flush=True)
             threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -394,33 +424,69 @@ def test_exit_without_close_does_not_hang() -> None:
     assert "Traceback" not in result.stderr, result.stderr
 
 
-@pytest.mark.timeout(120)
-def test_a_script_without_the_main_guard_gets_a_clear_error(tmp_path: Any) -> None:
+SCRIPT_DATASET = """
+import time
+import numpy as np
+from asyncloader import DataLoader
+
+class Squares:  # defined in the script: the workers must import it
+    def __len__(self): return 8
+    def __getitem__(self, i): return np.array([i * i])
+
+def epochs():
+    loader = DataLoader(Squares(), batch_size=4, cpu_processes=1)
+    assert loader._runtime_here().procs.wait_ready(30)
+    print([batch.ravel().tolist() for batch in loader])
+"""
+
+
+def _script(tmp_path: Any, text: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            from asyncloader import DataLoader
-            from tests import proc_data
-            loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
-            try:
-                list(loader)
-            except Exception as error:
-                print(type(error).__name__, "::", error)
-            """
-        )
-    )
-    environment = {**os.environ, "PYTHONPATH": ROOT}
-    result = subprocess.run(
+    script.write_text(textwrap.dedent(text))
+    return subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
-        env=environment,
+        env={**os.environ, "PYTHONPATH": ROOT},
     )
-    assert result.stdout.startswith("WorkerError :: "), result.stdout + result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_script_defining_its_dataset_runs_under_the_main_guard(tmp_path: Any) -> None:
+    result = _script(tmp_path, SCRIPT_DATASET + "if __name__ == '__main__':\n    epochs()\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49]]"
+
+
+@pytest.mark.timeout(120)
+def test_without_the_main_guard_it_gets_a_clear_error(tmp_path: Any) -> None:
+    result = _script(
+        tmp_path,
+        SCRIPT_DATASET
+        + "try:\n    epochs()\nexcept Exception as error:\n    print('error:', error)\n",
+    )
+    assert "error: a DataLoader with cpu_processes was built while a worker process" in (
+        result.stdout
+    ), result.stdout + result.stderr
     assert "if __name__ == '__main__':" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_script_whose_dataset_lives_in_a_module_needs_no_guard(tmp_path: Any) -> None:
+    result = _script(
+        tmp_path,
+        """
+        from asyncloader import DataLoader
+        from tests import proc_data
+        loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
+        assert loader._runtime_here().procs.wait_ready(30)
+        print([len(batch) for batch in loader])
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[4, 4]"
 
 
 async def test_an_async_epoch_on_the_callers_loop() -> None:

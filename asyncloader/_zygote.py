@@ -1,0 +1,287 @@
+"""How worker processes start: a fork server of the loader's own, the zygote.
+
+The loader's process runs threads, so it never forks. It starts a fresh interpreter instead
+(``subprocess``, which execs at once). That interpreter, the zygote, imports the modules the
+loader's work is made of and nothing else: not the main module, unless the work needs it, and
+so not torch because a training script imports it. It then forks a worker each time it is
+asked. A fork from it is cheap and shares those imports. The zygote runs one thread: it starts
+with one thread per math library, and checks before every fork that no import started another.
+
+The zygote is the workers' parent: it reaps them and reports each exit status to the loader.
+It exits when the loader's end of its socket closes (the loader closed, or died), and so does
+each worker (its own socket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+IN_WORKER: Final = "ASYNCLOADER_WORKER"
+"""Set in the zygote and its workers: a loader built there is a script's unguarded code."""
+
+_ONE_THREAD: Final = {
+    name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+}
+"""Math libraries start their thread pools at import; in the zygote they must not (a fork of
+a process that runs threads is unsafe), and a worker is one of many processes anyway."""
+
+
+def pickle_with_modules(value: object) -> tuple[bytes, list[str], bool]:
+    """``value`` pickled (protocol 5), the modules it refers to (those the zygote imports),
+    and whether one of them is ``__main__``."""
+    found: set[str] = set()
+
+    class Recording(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            kind = obj if isinstance(obj, type) else type(obj)
+            for module in (getattr(obj, "__module__", None), kind.__module__):
+                if isinstance(module, str):
+                    found.add(module)
+            return NotImplemented
+
+    stream = io.BytesIO()
+    Recording(stream, protocol=5).dump(value)
+    main = "__main__" in found or "__mp_main__" in found
+    loaded = sorted(m for m in found - {"__main__", "__mp_main__", "builtins"} if m in sys.modules)
+    return stream.getvalue(), loaded, main
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - not Linux: no way to count, trust the settings
+        return 1
+
+
+class WorkerProcess:
+    """A worker forked by the zygote, as the loader sees it: its pid once forked, its exit
+    status once the zygote reports it."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.pid: int | None = None
+        self.exitcode: int | None = None
+        self._forked = threading.Event()
+        self._ended = threading.Event()
+
+    def forked(self, pid: int) -> None:
+        self.pid = pid
+        self._forked.set()
+
+    def ended(self, code: int | None) -> None:
+        self.exitcode = code
+        self._forked.set()
+        self._ended.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until it exited (or its exit can no longer be known); whether it did."""
+        return self._ended.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return not self._ended.is_set()
+
+    def kill(self) -> None:
+        """SIGKILL it, if it was forked and runs."""
+        if self.pid is not None and not self._ended.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class Zygote:
+    """The loader's side of the zygote: starts it, asks it for workers, hears their exits.
+
+    Args:
+        modules: What the zygote imports before it forks.
+        main: Whether the work needs the main module (defined in a script).
+    """
+
+    def __init__(self, modules: list[str], main: bool) -> None:
+        ours, theirs = socket.socketpair()
+        main_path = getattr(sys.modules["__main__"], "__file__", None) if main else None
+        environment = {**os.environ, **_ONE_THREAD, IN_WORKER: "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from asyncloader._zygote import main; main()"],
+            pass_fds=[theirs.fileno()],
+            env={**environment, "ASYNCLOADER_ZYGOTE_FD": str(theirs.fileno())},
+        )
+        theirs.close()
+        self._sock = ours
+        self._conn = Connection(os.dup(ours.fileno()))
+        self._lock = threading.Lock()
+        self._workers: dict[int, WorkerProcess] = {}
+        self._by_pid: dict[int, WorkerProcess] = {}
+        self.failure: Any = None
+        """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
+        self._conn.send_bytes(pickle.dumps((list(sys.path), modules, main_path)))
+        self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
+        self._reader.start()
+
+    def spawn(self, number: int) -> tuple[WorkerProcess, socket.socket]:
+        """Ask for worker ``number``; returns its handle and this side's end of its socket."""
+        ours, theirs = socket.socketpair()
+        worker = WorkerProcess(number)
+        try:
+            with self._lock:
+                self._workers[number] = worker
+                self._conn.send_bytes(pickle.dumps(number))
+                socket.send_fds(self._sock, [b"F"], [theirs.fileno()])
+        except OSError:  # the zygote is gone: so is this worker
+            worker.ended(None)
+        finally:
+            theirs.close()
+        return worker, ours
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = pickle.loads(self._conn.recv_bytes())
+                if message[0] == "forked":
+                    _, number, pid = message
+                    with self._lock:
+                        worker = self._workers.pop(number)
+                        self._by_pid[pid] = worker
+                    worker.forked(pid)
+                elif message[0] == "exited":
+                    _, pid, code = message
+                    with self._lock:
+                        ended = self._by_pid.pop(pid, None)
+                    if ended is not None:
+                        ended.ended(code)
+                elif message[0] == "broken":
+                    self.failure = message[1]
+        except (EOFError, OSError):
+            pass
+        finally:  # no more news: what has not ended never will be heard of
+            with self._lock:
+                left = [*self._workers.values(), *self._by_pid.values()]
+                self._workers.clear()
+                self._by_pid.clear()
+            for worker in left:
+                worker.ended(None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the zygote (its workers exit on their own sockets)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(1.0)
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+        self._sock.close()
+        self._conn.close()
+
+
+# The zygote's own side ----------------------------------------------------------------------
+
+
+def _send(conn: Connection, message: object) -> None:
+    conn.send_bytes(pickle.dumps(message))
+
+
+def _reap(conn: Connection) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(conn, ("exited", pid, os.waitstatus_to_exitcode(status)))
+
+
+def _fork(setup: tuple[list[str], str | None], fd: int, inherited: list[int]) -> int:
+    if _threads() > 1:  # an import started a thread: fork no more, exec a fresh worker
+        return subprocess.Popen(
+            [sys.executable, "-c", "from asyncloader._zygote import alone; alone()"],
+            pass_fds=[fd],
+            env={**os.environ, "ASYNCLOADER_ALONE": pickle.dumps((fd, *setup)).hex()},
+        ).pid
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the worker: it never returns into the zygote's loop
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for descriptor in inherited:
+            os.close(descriptor)
+        from ._worker import serve
+
+        serve(Connection(fd))
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def main() -> None:
+    """The zygote: import the work's modules, then fork workers until the loader goes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(os.environ.pop("ASYNCLOADER_ZYGOTE_FD")))
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        path, modules, main_path = pickle.loads(conn.recv_bytes())
+        sys.path[:] = path
+        try:
+            if main_path is not None:
+                from multiprocessing import spawn
+
+                spawn.import_main_path(main_path)
+            for name in modules:
+                importlib.import_module(name)
+        except BaseException as error:
+            from ._worker import error_payload
+
+            _send(conn, ("broken", error_payload(error)))
+            return
+        wakeup = os.pipe()
+        os.set_blocking(wakeup[1], False)
+        signal.set_wakeup_fd(wakeup[1])
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            readable, _, _ = select.select([sock.fileno(), wakeup[0]], [], [])
+            if wakeup[0] in readable:
+                os.read(wakeup[0], 512)
+                _reap(conn)
+            if sock.fileno() in readable:
+                number = pickle.loads(conn.recv_bytes())
+                _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                inherited = [*wakeup, sock.fileno(), conn.fileno()]
+                pid = _fork((path, main_path), fds[0], inherited)
+                os.close(fds[0])
+                _send(conn, ("forked", number, pid))
+                _reap(conn)  # a child that ended before its handler was set
+    except (EOFError, OSError):  # the loader is gone
+        return
+
+
+def alone() -> None:
+    """A worker in a fresh interpreter (the zygote had threads): it imports as it unpickles."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd, path, main_path = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
+    sys.path[:] = path
+    if main_path is not None:
+        from multiprocessing import spawn
+
+        spawn.import_main_path(main_path)
+    from ._worker import serve
+
+    serve(Connection(fd))
