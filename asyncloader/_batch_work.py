@@ -30,6 +30,7 @@ def transform_items(
         durations = []
         out = []
         clock = time.perf_counter
+        cpu_started = time.thread_time()
         for index, item in zip(indices, items, strict=True):
             if item is not SKIPPED:
                 started = clock()
@@ -44,6 +45,7 @@ def transform_items(
             out.append(item)
         items = out
         recorder.add_many("transform", durations)
+        recorder.add_transform_cpu(time.thread_time() - cpu_started)
     if skipper is not None:
         kept = [index for index, item in zip(indices, items, strict=True) if item is not SKIPPED]
         items = [item for item in items if item is not SKIPPED]

@@ -173,11 +173,12 @@ class EpochContext:
     def timed_transform(self, index: int, item: Any) -> Any:
         """The transform of one item, timed (on the CPU pool)."""
         assert self.transform is not None
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return self.transform(index, item)
         finally:
             self.recorder.add("transform", time.perf_counter() - started)
+            self.recorder.add_transform_cpu(time.thread_time() - cpu_started)
 
 
 _Part = tuple[list[int], list[Any]]

@@ -180,7 +180,12 @@ class DataLoader:
         limit = self._settings.requests_in_flight if kind is None else 1  # a stream: a reader
         if self._work is not None and kind is None and not self._is_async:
             limit = self._settings.batch_tasks  # batches fetched whole in worker processes
-        self._recorder = Recorder(limit, self._settings.cpu_threads, stream=kind is not None)
+        self._recorder = Recorder(
+            limit,
+            self._settings.cpu_threads,
+            stream=kind is not None,
+            processes=self._settings.cpu_processes,
+        )
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume: Resume | None = None

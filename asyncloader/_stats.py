@@ -31,9 +31,9 @@ def note_retry() -> None:
         recorder.add_retry()
 
 
-Tally = tuple[list[float], list[float], list[float], int, int, int]
+Tally = tuple[list[float], list[float], list[float], int, int, int, float]
 """What one job of a worker process recorded: its fetch, transform and collate durations,
-items, bytes and retries."""
+items, bytes, retries and the transform's CPU seconds."""
 
 Stage = Literal["fetch", "transform", "collate", "permit_wait", "consumer_wait"]
 """A stage the recorder times."""
@@ -108,8 +108,11 @@ class LoaderStats:
         active_s: Seconds epochs were running.
         requests_limit: ``max(num_workers, 1) * item_concurrency`` (1 for a stream: one
             reader).
-        cpu_threads: Threads of the CPU pool.
+        cpu_threads: Threads of the CPU pool (with ``cpu_processes``, the processes).
         stream: Whether the dataset is a stream (read by one reader, in order).
+        transform_cpu_s: CPU seconds the transform used (its threads' own, not the time they
+            waited): next to ``transform.total_s`` it shows whether threads ran it at once.
+        cpu_processes: Worker processes of the CPU stage (0: threads).
     """
 
     fetch: StageStats = field(default_factory=StageStats)
@@ -131,6 +134,21 @@ class LoaderStats:
     requests_limit: int = 1
     cpu_threads: int = 1
     stream: bool = False
+    transform_cpu_s: float = 0.0
+    cpu_processes: int = 0
+
+    def gil_bound(self) -> bool:
+        """Whether the transform holds the GIL so that more threads cannot speed it up: it
+        computes (its CPU time is most of its time), yet all the CPU threads together give
+        it about one core. A transform that waits (on I/O, a sleep) uses little CPU, and
+        one that releases the GIL (NumPy, Pillow's decoders) gets a core per thread."""
+        if self.cpu_processes or self.cpu_threads < 2:
+            return False
+        if self.active_s <= 0 or self.transform.total_s <= 0:
+            return False
+        computing = self.transform_cpu_s / self.transform.total_s
+        cores = self.transform_cpu_s / self.active_s
+        return computing >= 0.6 and 0.5 <= cores <= 1.3
 
     def bottleneck(self) -> tuple[str, str]:
         """``(stage, advice)``: what limits the loader, and the setting to change."""
@@ -162,6 +180,12 @@ class LoaderStats:
             return "fetch", (
                 f"{self.peak_in_flight} requests in flight at peak, p99 "
                 f"{self.fetch.p99_s * 1000:.0f} ms; raise item_concurrency or num_workers"
+            )
+        if stage == "transform" and self.gil_bound():
+            return "GIL", (
+                f"the transform holds the GIL: {self.cpu_threads} CPU threads give it "
+                f"{self.transform_cpu_s / active:.1f} cores; run it in worker processes "
+                f"(cpu_processes={self.cpu_threads} instead of cpu_threads)"
             )
         if stage == "transform":
             return "transform", (
@@ -217,10 +241,13 @@ def fetched_bytes(items: list[Any]) -> int:
 class Recorder:
     """The mutable counters behind :class:`LoaderStats`; safe to update from any thread."""
 
-    def __init__(self, requests_limit: int, cpu_threads: int, stream: bool = False) -> None:
+    def __init__(
+        self, requests_limit: int, cpu_threads: int, stream: bool = False, processes: int = 0
+    ) -> None:
         self.requests_limit = requests_limit
         self.cpu_threads = cpu_threads
         self.stream = stream
+        self.processes = processes
         self._lock = threading.Lock()
         self.reset()
 
@@ -233,6 +260,7 @@ class Recorder:
             self.errors = self.skipped = self.in_flight = self.peak_in_flight = 0
             self.items_in_flight = self.peak_items_in_flight = 0
             self.active_s = 0.0
+            self.transform_cpu = 0.0
             self._active = 0
             self._active_since = 0.0
 
@@ -338,11 +366,12 @@ class Recorder:
                 self.items,
                 self.bytes,
                 self.retries,
+                self.transform_cpu,
             )
 
     def merge(self, tally: Tally) -> None:
         """Add what a worker process's job recorded."""
-        fetches, transforms, collates, items, size, retries = tally
+        fetches, transforms, collates, items, size, retries, transform_cpu = tally
         with self._lock:
             for timing, durations in (
                 (self.fetch, fetches),
@@ -354,6 +383,12 @@ class Recorder:
             self.items += items
             self.bytes += size
             self.retries += retries
+            self.transform_cpu += transform_cpu
+
+    def add_transform_cpu(self, seconds: float) -> None:
+        """The transform used ``seconds`` of its thread's CPU time."""
+        with self._lock:
+            self.transform_cpu += seconds
 
     def add_retry(self) -> None:
         with self._lock:
@@ -408,4 +443,6 @@ class Recorder:
                 requests_limit=self.requests_limit,
                 cpu_threads=self.cpu_threads,
                 stream=self.stream,
+                transform_cpu_s=self.transform_cpu,
+                cpu_processes=self.processes,
             )

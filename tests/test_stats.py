@@ -114,6 +114,63 @@ def test_the_report_names_a_transform_bound_loader() -> None:
     assert "raise cpu_threads" in stats.report()
 
 
+def _spin(index: int, item: int) -> int:
+    """Pure Python: it holds the GIL throughout."""
+    total = 0
+    for step in range(20_000):
+        total += step ^ index
+    return item
+
+
+def _sleep(index: int, item: int) -> int:
+    time.sleep(0.002)  # waits: uses no CPU, holds no GIL
+    return item
+
+
+def test_the_report_names_a_gil_bound_transform_and_suggests_processes() -> None:
+    with DataLoader(
+        SyncData(400), batch_size=8, num_workers=2, transform=_spin, cpu_threads=2
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    # It computes all the time it runs, and two threads give it about one core.
+    assert stats.transform_cpu_s > 0.6 * stats.transform.total_s
+    assert stats.transform_cpu_s < 1.3 * stats.active_s
+    assert stats.gil_bound()
+    assert stats.bottleneck()[0] == "GIL"
+    assert "GIL-bound: the transform holds the GIL" in stats.report()
+    assert "cpu_processes=2" in stats.report()
+
+
+def test_a_waiting_transform_is_not_called_gil_bound() -> None:
+    with DataLoader(
+        SyncData(400), batch_size=8, num_workers=2, transform=_sleep, cpu_threads=2
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.transform_cpu_s < 0.2 * stats.transform.total_s  # it waits
+    assert not stats.gil_bound()
+    assert stats.bottleneck()[0] == "transform"
+
+
+def test_with_processes_the_report_never_suggests_them() -> None:
+    from . import proc_data
+
+    with DataLoader(
+        proc_data.Images(64), batch_size=8, transform=proc_data.spin, cpu_processes=2
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.cpu_processes == 2
+    assert stats.transform.count == 64
+    assert stats.transform_cpu_s > 0
+    assert not stats.gil_bound()
+    assert "cpu_processes=" not in stats.report()
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_report_names_a_consumer_bound_loader(num_workers: int) -> None:
     with DataLoader(SyncData(60), batch_size=6, num_workers=num_workers) as loader:

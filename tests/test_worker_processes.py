@@ -125,6 +125,17 @@ def test_the_threads_serve_until_a_worker_forked_by_the_server_is_ready() -> Non
     assert os.getpid() not in parents
 
 
+def test_workers_are_not_forked_from_a_zygote_that_an_import_gave_a_thread() -> None:
+    from . import proc_threaded
+
+    with ready(DataLoader(proc_threaded.Threads(), batch_size=3, cpu_processes=1)) as loader:
+        batches = list(loader)
+    assert [b[0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+    # A worker forked from that zygote would run one thread (a fork keeps only the caller's);
+    # this one is a fresh interpreter, which imported the module and so has its thread too.
+    assert all(count >= 2 for batch in batches for count in batch[1].tolist())
+
+
 def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
     proc_data.CountsPickles.pickled = 0
     with DataLoader(proc_data.CountsPickles(12), batch_size=4, cpu_processes=2) as loader:
