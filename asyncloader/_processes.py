@@ -258,8 +258,7 @@ class _Worker:
             task.resolve(result)
             return
         _, data, refs, new, dropped, tally, skipped = reply
-        mapped.add(new, fds)
-        mapped.drop(dropped)
+        mapped.update(new, fds, dropped)
         if task.future.cancelled():
             mapped.free(refs)
             return

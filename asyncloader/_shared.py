@@ -250,16 +250,15 @@ class Mapped:
         os.close(control_fd)
         self.maps: dict[int, mmap.mmap] = {}
 
-    def add(self, segments: list[tuple[int, int]], fds: list[int]) -> None:
-        """Map new segments (``(number, size)``) from their descriptors, then close those."""
-        for (number, size), fd in zip(segments, fds, strict=True):
+    def update(self, new: list[tuple[int, int]], fds: list[int], dropped: list[int]) -> None:
+        """Forget the segments the worker closed (a mapping closes once its views are gone),
+        then map its new ones (``(number, size)``) from their descriptors, and close those.
+        In that order: a new segment may have the number of one closed."""
+        for number in dropped:
+            self.maps.pop(number, None)
+        for (number, size), fd in zip(new, fds, strict=True):
             self.maps[number] = mmap.mmap(fd, size)
             os.close(fd)
-
-    def drop(self, numbers: list[int]) -> None:
-        """Forget segments the worker closed (each mapping closes once its views are gone)."""
-        for number in numbers:
-            self.maps.pop(number, None)
 
     def unpack(self, data: bytes, refs: list[Ref]) -> Any:
         """The value pickled by :meth:`Arena.pack`, its buffers on the shared segments.
