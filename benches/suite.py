@@ -287,8 +287,10 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
             runs += [{**base, "system": s} for s in ("asyncloader", "torch", "spdl")]
             if threads == 2:  # what normalizing while collating gains, in the same run
                 runs.append({**base, "system": "asyncloader, normalized per item"})
-                # The CPU stage in 2 worker processes instead (issue 21).
-                runs.append({**base, "system": "asyncloader cpu_processes"})
+                # The CPU stage in 2 worker processes instead, against threads, each over
+                # two epochs: the first from a fresh process, the second warm (issue 21).
+                runs.append({**base, "system": "asyncloader cpu_processes", "epochs": 2})
+                runs.append({**base, "system": "asyncloader", "epochs": 2})
         workloads.append(("c", runs))
     if "j" in only and "c" not in only:
         from bench_images import make_jpegs
@@ -381,7 +383,8 @@ def label(spec: dict[str, Any]) -> str:
     if spec["workload"] == "http" and spec["system"] != "torch":
         return f"{spec['system']} @{spec['in_flight']}"
     if spec["workload"] == "images" and not spec["system"].startswith("plain loop"):
-        return f"{spec['system']} x{spec['threads']}"
+        twice = ", 2 epochs" if spec.get("epochs") == 2 else ""
+        return f"{spec['system']} x{spec['threads']}{twice}"
     if "env" in spec:
         return f"{spec['system']}, freed memory kept"
     if spec["system"] == "torch" and "num_workers" in spec:
@@ -421,6 +424,7 @@ def main() -> None:
                     "peak_rss_mib": median_of(r, "peak_rss_mib"),
                     "peak_pss_mib": median_of(r, "peak_pss_mib"),
                     "gc_young": median_of(r, "gc_young"),
+                    "warm_per_s": median_of(r, "warm_per_s"),
                     "runs": r,
                 }
                 for name, r in runs.items()

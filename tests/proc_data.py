@@ -77,6 +77,8 @@ class Failing(Images):
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.how == "exit":
                 os._exit(7)
+            if self.how == "kill":  # as the OOM killer does
+                os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(index)
 
 

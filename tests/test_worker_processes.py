@@ -185,7 +185,12 @@ def test_skip_over_budget_fails_the_batch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("how", "said"), [("segfault", "killed by signal SIGSEGV"), ("exit", "exited with code 7")]
+    ("how", "said"),
+    [
+        ("segfault", "killed by signal SIGSEGV"),
+        ("kill", "killed by signal SIGKILL"),
+        ("exit", "exited with code 7"),
+    ],
 )
 def test_a_worker_that_dies_fails_only_the_batches_it_held(how: str, said: str) -> None:
     loader = ready(
