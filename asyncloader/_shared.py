@@ -29,9 +29,10 @@ import numpy as np
 CONTROL_SIZE: Final = 4096
 """One control byte per segment: 1 while the loader may still use it."""
 
-_KEEP_FREE: Final = 2
-"""Free segments a worker keeps for reuse; more are closed (a worker makes one batch at a
-time, and the loader hands batches on in order, so a few free ones are enough)."""
+_KEEP_FREE: Final = 1
+"""Free segments a worker keeps for reuse; more are closed. A worker makes one batch at a
+time, and a consumer drops batches one at a time, in order: one free segment is the next
+batch's; each more kept is a batch of idle memory."""
 
 Ref = tuple[int, int, int]
 """A buffer in a segment: ``(segment, offset, bytes)``."""

@@ -396,26 +396,33 @@ def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> Non
         assert _shm() == before, f"{how}: left in /dev/shm: {_shm() - before}"
 
 
+RUNNING = """
+loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
+                    transform=proc_data.spin)
+it = iter(loader)
+next(it)
+"""
+"""A child's loader in the middle of an endless epoch of GIL-bound work."""
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
     result = _child(
+        "import threading\n"
+        + RUNNING
+        + textwrap.dedent(
+            """
+        assert loader._runtime.procs.wait_ready(30)
+        pids = [w.process.pid for w in loader._runtime.procs.workers]
+        print(" ".join(map(str, pids)), flush=True)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            for batch in it:
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
         """
-        import threading
-        if __name__ == "__main__":
-            loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
-                                transform=proc_data.spin)
-            it = iter(loader)
-            next(it)
-            assert loader._runtime.procs.wait_ready(30)
-            pids = [w.process.pid for w in loader._runtime.procs.workers]
-            print(" ".join(map(str, pids)), flush=True)
-            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-            try:
-                for batch in it:
-                    pass
-            except KeyboardInterrupt:
-                print("interrupted", flush=True)
-        """
+        )
     )
     lines = result.stdout.split("\n")
     assert result.returncode == 0, result.stderr
@@ -425,16 +432,7 @@ def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
 
 @pytest.mark.timeout(120)
 def test_exit_without_close_does_not_hang() -> None:
-    result = _child(
-        """
-        if __name__ == "__main__":
-            loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
-                                transform=proc_data.spin)
-            it = iter(loader)
-            next(it)
-            print("done")
-        """
-    )
+    result = _child(RUNNING + 'print("done")\n')
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "done"
     assert "Traceback" not in result.stderr, result.stderr
