@@ -296,9 +296,9 @@ class _Worker:
                     "(its output says why)"
                 )
             )
+            error = pool.broke(error)
             for task in held:
                 task.resolve(None, error)
-            pool.broke(error)
             return
         error = WorkerError(
             f"asyncloader worker process {self.number} (pid {self.process.pid}) {reason} "
@@ -436,10 +436,13 @@ class ProcessPool:
             worker = self.workers[position] = _Worker(self, worker.number)
         worker.serve()
 
-    def broke(self, error: BaseException) -> None:
-        """No worker can run the work: fail every job, now and later, with ``error``."""
+    def broke(self, error: BaseException) -> BaseException:
+        """No worker can run the work: fail every job, now and later, with the first such
+        ``error`` (the one that says why); return it."""
         with self._changed:
-            self._broken = error
+            if self._broken is None:
+                self._broken = error
+            error = self._broken
             self._ready.set()  # nothing to wait for
             queued, self._queue = self._queue, []
             for _ in queued:
@@ -447,6 +450,7 @@ class ProcessPool:
             self._changed.notify_all()
         for _, _, task in queued:
             task.resolve(None, error)
+        return error
 
     def started(self) -> None:
         """A worker has loaded the work: jobs go to the workers from now on."""

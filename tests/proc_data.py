@@ -99,6 +99,15 @@ class HangsOnce(Images):
         return super().__getitem__(index)
 
 
+class LoadsOnlyHere(Images):
+    """Pickles, but cannot be unpickled in a worker process."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if os.environ.get("ASYNCLOADER_WORKER"):
+            raise ValueError("this dataset cannot be loaded in a worker")
+        self.__dict__.update(state)
+
+
 class Unpicklable(Images):
     """Holds a lock, which cannot be pickled."""
 

@@ -225,6 +225,14 @@ def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> 
         DataLoader(proc_data.Unpicklable(4), cpu_processes=1)
 
 
+def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why() -> None:
+    with ready(DataLoader(proc_data.LoadsOnlyHere(8), batch_size=4, cpu_processes=2)) as loader:
+        for outcome in run_epoch(loader) + run_epoch(loader):
+            assert isinstance(outcome, ValueError)
+            assert str(outcome).startswith("this dataset cannot be loaded in a worker")
+            assert "__setstate__" in str(outcome)  # the worker's traceback
+
+
 def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
     with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
         DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
