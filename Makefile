@@ -32,7 +32,7 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
-# The suite against torch DataLoader and SPDL (about 12 minutes here); it rewrites the
+# The suite against torch DataLoader and SPDL (about 21 minutes here); it rewrites the
 # generated part of docs/performance.md. The design measurements behind FileDataset and the
 # collator are separate: benches/bench_datasets.py and benches/bench_images.py.
 bench: $(BENCH_STAMP)
