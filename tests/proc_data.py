@@ -44,6 +44,19 @@ class AsyncImages(Images):
         return super().__getitem__(index)
 
 
+class AsyncFailing(AsyncImages):
+    """Item ``fail_at`` fails its fetch, on the loader's event loop."""
+
+    def __init__(self, n: int, fail_at: int) -> None:
+        super().__init__(n)
+        self.fail_at = fail_at
+
+    async def __getitem__(self, index: int) -> np.ndarray[Any, Any]:  # type: ignore[override]
+        if index == self.fail_at:
+            raise OSError(f"item {index} is gone")
+        return await super().__getitem__(index)
+
+
 class StreamOfImages:
     """The same images as a stream (an iterable without ``__getitem__``)."""
 

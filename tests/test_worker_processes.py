@@ -169,6 +169,21 @@ def test_skip_drops_the_failing_item_and_counts_it_here() -> None:
         assert loader.stats().items == 11
 
 
+def test_an_async_fetch_that_fails_under_skip_leaves_its_batch_short() -> None:
+    loader = DataLoader(
+        proc_data.AsyncFailing(12, fail_at=5),
+        batch_size=4,
+        item_concurrency=4,
+        cpu_processes=1,
+        errors="skip",
+        transform=proc_data.augment(),
+    )
+    with ready(loader):
+        # The lanes drop the item; the worker transforms and collates the rest.
+        assert [len(batch) for batch in loader] == [4, 3, 4]
+        assert loader.stats().skipped == 1
+
+
 def test_skip_over_budget_fails_the_batch() -> None:
     loader = DataLoader(
         proc_data.Failing(12, fail_at=5),
