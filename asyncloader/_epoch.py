@@ -76,30 +76,25 @@ class EpochContext:
     """One batch at a time on the CPU threads while the worker processes start."""
 
     async def _while_starting(self, indices: list[int], items: list[Any] | None) -> Batch:
-        """The batch on the CPU threads, the same code as in a worker, so that the first
-        batches do not wait for the workers to start. One batch at a time, its transforms
-        split over the threads: the first batch is ready soonest, whether or not the work
-        holds the GIL (two batches at once would share it)."""
+        """The batch on a CPU thread, the same code as in a worker, so that the first batches
+        do not wait for the workers to start. One batch at a time, in one job: code written
+        for processes may not be safe in two threads at once."""
         assert self.procs is not None
         async with self.starting:
             if self.procs.ready:  # the workers started while this batch waited
                 return await self.in_process(indices, items)
-            if items is None:
-                started = self.recorder.fetch_started(len(indices))
-                fetched: list[Any] | None = None
-                try:
-                    fetched = await self.on_cpu(
-                        fetch_or_skip, self.source.dataset, indices, self.skipper
-                    )
-                finally:
-                    self.recorder.fetch_done(started, fetched, len(indices))
-                items = fetched
-            parts = self.parts(len(indices))
             try:
-                if parts == 1:
-                    kept, batch = await self.on_cpu(self.finish, indices, items)
-                else:
-                    kept, batch = await transform_in_parts(self, indices, items, parts)
+                if items is None:
+                    started = self.recorder.fetch_started(len(indices))
+                    fetched: list[Any] | None = None
+                    try:
+                        fetched = await self.on_cpu(
+                            fetch_or_skip, self.source.dataset, indices, self.skipper
+                        )
+                    finally:
+                        self.recorder.fetch_done(started, fetched, len(indices))
+                    items = fetched
+                kept, batch = await self.on_cpu(self.finish, indices, items)
             finally:
                 # Started once the first batch is made: their start takes CPU time, and the
                 # first batch is what the consumer waits for.

@@ -155,6 +155,27 @@ class CountsPickles(Images):
         return Images, (self.n, self.size)
 
 
+_calls = threading.Lock()
+_active = [0, 0]
+"""Calls of :func:`overlapping` in this process: running now, and the most at once."""
+
+
+def overlapping(index: int, item: Any) -> Any:
+    """A transform that notes how many of its calls run at once in this process."""
+    with _calls:
+        _active[0] += 1
+        _active[1] = max(_active[1], _active[0])
+    threading.Event().wait(0.002)  # room for another thread to come in
+    with _calls:
+        _active[0] -= 1
+    return item
+
+
+def most_at_once() -> int:
+    """The most :func:`overlapping` calls that ran at once in this process."""
+    return _active[1]
+
+
 def spin(index: int, item: Any) -> Any:
     """A transform that holds the GIL for a while (pure Python)."""
     total = 0

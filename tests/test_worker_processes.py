@@ -136,6 +136,16 @@ def test_workers_are_not_forked_from_a_zygote_that_an_import_gave_a_thread() -> 
     assert all(count >= 2 for batch in batches for count in batch[1].tolist())
 
 
+def test_until_a_worker_is_ready_one_thread_runs_the_users_code() -> None:
+    with DataLoader(
+        proc_data.Images(64), batch_size=8, cpu_processes=2, transform=proc_data.overlapping
+    ) as loader:
+        assert len(next(iter(loader))) == 8  # made here, before any worker started
+        assert len(list(loader)) == 8
+    # Code written for processes may not be safe in two threads at once: it never ran so.
+    assert proc_data.most_at_once() == 1
+
+
 def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
     proc_data.CountsPickles.pickled = 0
     with DataLoader(proc_data.CountsPickles(12), batch_size=4, cpu_processes=2) as loader:
