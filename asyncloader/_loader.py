@@ -16,7 +16,6 @@ from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
 from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
-from ._processes import PickledWork, pickle_work
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
@@ -29,6 +28,7 @@ from ._stats import LoaderStats, Recorder
 from ._stream import StreamBatches, check_stream_settings, stream_kind
 from ._stream_epochs import StreamEpochs
 from ._transform import Transform
+from ._work import PickledWork, pickle_work
 from ._worker import Work
 
 logger = logging.getLogger("asyncloader")

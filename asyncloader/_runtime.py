@@ -21,7 +21,8 @@ from typing import Final
 
 from ._loop_thread import LoopThread
 from ._pool import ThreadPool
-from ._processes import PickledWork, ProcessPool
+from ._processes import ProcessPool
+from ._work import PickledWork
 
 logger = logging.getLogger("asyncloader")
 
