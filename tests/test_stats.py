@@ -134,9 +134,9 @@ def test_the_report_names_a_gil_bound_transform_and_suggests_processes() -> None
         for _ in loader:
             pass
         stats = loader.stats()
-    # It computes all the time it runs, and two threads give it about one core.
-    assert stats.transform_cpu_s > 0.6 * stats.transform.total_s
-    assert stats.transform_cpu_s < 1.3 * stats.active_s
+    # It computes (when it does not wait for the GIL), and two threads give it one core.
+    assert stats.transform_cpu_s > 0.3 * stats.transform.total_s
+    assert stats.transform_cpu_s < 1.15 * stats.active_s
     assert stats.gil_bound()
     assert stats.bottleneck()[0] == "GIL"
     assert "GIL-bound: the transform holds the GIL" in stats.report()
