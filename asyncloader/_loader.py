@@ -74,10 +74,12 @@ class DataLoader:
             (exclusive with ``cpu_threads``), for work that holds the GIL: a sync dataset's
             ``__getitem__``/``__getitems__`` with the transform and the collation, or, for an
             async dataset or a stream, the transform and the collation only. Started once
-            per loader (forkserver), fed the dataset, transform and ``collate_fn`` once, as
-            they were when the loader was built (so they must pickle); batches come back in
-            shared memory. At least two batches per process are in work. A script that uses
-            it must start the loader under ``if __name__ == "__main__":``
+            per loader, from a fork server that imports only what they need (never a fork
+            of this process), fed the dataset, transform and ``collate_fn`` once, as they
+            were when the loader was built (so they must pickle); batches come back in
+            shared memory. Until a worker is ready, one CPU thread makes the batches. At
+            least two batches per process are in work. A script that defines any of them
+            must build the loader under ``if __name__ == "__main__":``
             (``docs/processes.md``).
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
             in torch) waits forever. Honoured on every path: with a time-out, an epoch that
