@@ -79,8 +79,7 @@ class BatchFetch:
 
     def stores(self, position: int, item: Any) -> bool:
         """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
-        it with :meth:`end_locked` as it takes its next item), or hand it to the CPU pool for
-        its transform, which ends it."""
+        it), or hand it to the CPU pool for its transform, which ends it."""
         if not self.context.transforms_items:
             self.items[position] = item
             return True
@@ -92,12 +91,18 @@ class BatchFetch:
         return False
 
     def fetch_failed(self, position: int, seconds: float, error: BaseException) -> None:
+        """The fetch of the item at ``position`` failed after ``seconds``: :meth:`fail`, and
+        the item has ended."""
+        self.fail(position, seconds, error)
+        self.end()
+
+    def fail(self, position: int, seconds: float, error: BaseException) -> None:
         """The fetch of the item at ``position`` failed after ``seconds``: count it; drop the
-        item under ``errors="skip"``, or keep the failure for the batch."""
+        item under ``errors="skip"``, or keep the failure for the batch (no more of its items
+        are taken). The item has not ended: the caller ends it."""
         self.context.recorder.lane_item(seconds, None, fetched=False)
         if not isinstance(error, asyncio.CancelledError):
             self._failed(position, error)
-        self.end()
 
     def _failed(self, position: int, error: BaseException) -> None:
         skipper = self.context.skipper
@@ -274,24 +279,25 @@ class ThreadLanes:
         dataset, recorder, clock = context.source.dataset, context.recorder, time.perf_counter
         opened = self._opened
         batch: BatchFetch | None = None
-        stored: BatchFetch | None = None  # its item is ended as this job takes the next
         busy = False  # counted in flight from its first item (a job may find none left)
-        try:
-            while True:
-                with opened.lock:
-                    work = opened.take()
-                    if work is None:
-                        self._running -= 1
-                    elif stored is not None:
-                        stored.end_locked()
-                        stored = None
+
+        def following() -> tuple[BatchFetch, int] | None:
+            # Taken before the item in hand is handed on: a lane with nothing left is idle
+            # before its last item ends, since once that ends the epoch may finish, and its
+            # statistics must have this lane idle.
+            nonlocal busy
+            with opened.lock:
+                work = opened.take()
                 if work is None:
-                    # Out of work before the last item ends: once it ends, the epoch may
-                    # finish, and its statistics must have this lane idle.
-                    if busy:
-                        busy = False
-                        recorder.lanes_busy(-1)
-                    return
+                    self._running -= 1
+            if work is None and busy:
+                busy = False
+                recorder.lanes_busy(-1)
+            return work
+
+        try:
+            work = following()
+            while work is not None:
                 if not busy:
                     busy = True
                     recorder.lanes_busy(1)
@@ -303,16 +309,17 @@ class ThreadLanes:
                 try:
                     item = fetch_item(dataset, fetch.indices[position])
                 except BaseException as error:
-                    fetch.fetch_failed(position, clock() - started, error)
+                    fetch.fail(position, clock() - started, error)  # none more of it taken
+                    work = following()
+                    fetch.end()
                     continue
                 recorder.lane_item(clock() - started, item)
+                work = following()
                 if fetch.stores(position, item):
-                    stored = fetch
+                    fetch.end()
         finally:
             if busy:
                 recorder.lanes_busy(-1)
-            if stored is not None:
-                stored.end()
 
     async def aclose(self) -> None:
         """Nothing to cancel: a job ends once its item is fetched and no batch is open."""
