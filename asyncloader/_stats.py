@@ -270,11 +270,7 @@ class Recorder:
 
     def fetch_started(self, items: int) -> float:
         """One dataset call for ``items`` items begins; returns its start time."""
-        with self._lock:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            self.items_in_flight += items
-            self.peak_items_in_flight = max(self.peak_items_in_flight, self.items_in_flight)
+        self.calls_started(1, items)
         return time.perf_counter()
 
     def fetch_done(self, started: float, items: list[Any] | None, requested: int) -> None:
@@ -288,8 +284,8 @@ class Recorder:
         self._call_ended(started, 1, 1, len(item) if _is_bytes_like(item) else 0)
 
     def calls_started(self, calls: int, items: int) -> None:
-        """``calls`` dataset calls for ``items`` items began (negative: ended), timed
-        elsewhere (in a worker process)."""
+        """``calls`` dataset calls for ``items`` items began (negative: ended), counted in
+        flight now and at peak; their time is recorded elsewhere."""
         with self._lock:
             self.in_flight += calls
             self.items_in_flight += items
@@ -300,13 +296,7 @@ class Recorder:
         """``lanes`` lanes began fetching, one item at a time (negative: went idle). A lane
         that goes from one item to the next counts once, so this runs on a lane's way in and
         out of work, not per item."""
-        with self._lock:
-            self.in_flight += lanes
-            self.items_in_flight += lanes
-            if self.in_flight > self.peak_in_flight:
-                self.peak_in_flight = self.in_flight
-            if self.items_in_flight > self.peak_items_in_flight:
-                self.peak_items_in_flight = self.items_in_flight
+        self.calls_started(lanes, lanes)
 
     def lane_item(self, seconds: float, item: Any, fetched: bool = True) -> None:
         """A lane's item arrived after ``seconds`` (``fetched=False``: its fetch failed)."""
