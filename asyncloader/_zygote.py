@@ -85,6 +85,11 @@ class WorkerProcess:
         self._forked.set()
         self._ended.set()
 
+    def wait_forked(self, timeout: float) -> int | None:
+        """Wait until the zygote forked it (or it can no longer be); its pid, if it has one."""
+        self._forked.wait(timeout)
+        return self.pid
+
     def join(self, timeout: float) -> bool:
         """Wait until it exited (or its exit can no longer be known); whether it did."""
         return self._ended.wait(timeout)

@@ -176,6 +176,13 @@ def most_at_once() -> int:
     return _active[1]
 
 
+def worker_pids(loader: Any, within: float = 30.0) -> list[int | None]:
+    """The pids of ``loader``'s workers, once each is forked (ready is when the first is)."""
+    procs = loader._runtime_here().procs
+    assert procs.wait_ready(within)
+    return [worker.process.wait_forked(within) for worker in procs.workers]
+
+
 def spin(index: int, item: Any) -> Any:
     """A transform that holds the GIL for a while (pure Python)."""
     total = 0

@@ -396,10 +396,10 @@ def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> Non
         loader = DataLoader(proc_data.Images(4000), batch_size=8, cpu_processes=2)
         it = iter(loader)
         first = next(it)
-        assert loader._runtime.procs.wait_ready(30)
+        pids = proc_data.worker_pids(loader)
         for _ in range(8):  # batches from the workers, whose memory is shared
             next(it)
-        print(" ".join(str(w.process.pid) for w in loader._runtime.procs.workers), flush=True)
+        print(" ".join(map(str, pids)), flush=True)
         if sys.argv[1] == "close":
             loader.close()
         elif sys.argv[1] == "raise":
@@ -445,8 +445,7 @@ def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
         + RUNNING
         + textwrap.dedent(
             """
-        assert loader._runtime.procs.wait_ready(30)
-        pids = [w.process.pid for w in loader._runtime.procs.workers]
+        pids = proc_data.worker_pids(loader)
         print(" ".join(map(str, pids)), flush=True)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
