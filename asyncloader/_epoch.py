@@ -83,22 +83,20 @@ class EpochContext:
         async with self.starting:
             if self.procs.ready:  # the workers started while this batch waited
                 return await self.in_process(indices, items)
-            try:
-                if items is None:
-                    started = self.recorder.fetch_started(len(indices))
-                    fetched: list[Any] | None = None
-                    try:
-                        fetched = await self.on_cpu(
-                            fetch_or_skip, self.source.dataset, indices, self.skipper
-                        )
-                    finally:
-                        self.recorder.fetch_done(started, fetched, len(indices))
-                    items = fetched
-                kept, batch = await self.on_cpu(self.finish, indices, items)
-            finally:
-                # Started once the first batch is made: their start takes CPU time, and the
-                # first batch is what the consumer waits for.
-                self.procs.start()
+            # Started with the first batch: what they take of the CPU to start is less
+            # than what every batch made before they are ready would lose.
+            self.procs.start()
+            if items is None:
+                started = self.recorder.fetch_started(len(indices))
+                fetched: list[Any] | None = None
+                try:
+                    fetched = await self.on_cpu(
+                        fetch_or_skip, self.source.dataset, indices, self.skipper
+                    )
+                finally:
+                    self.recorder.fetch_done(started, fetched, len(indices))
+                items = fetched
+            kept, batch = await self.on_cpu(self.finish, indices, items)
             return kept, batch if self.after is None else self.after(batch)
 
     @property

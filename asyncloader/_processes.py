@@ -2,10 +2,10 @@
 
 The workers are started once per loader by its zygote (:mod:`._zygote`), never by forking the
 loader's process, which runs threads. Each gets the loader's work once (:class:`._worker.Work`,
-pickled when the loader was built), then jobs. Every worker has two
-threads here: one sends it jobs, the other takes its results. A job goes to whichever worker
-has room for it (at most :data:`DEPTH` held, so that its next job is already there when it
-ends one), the oldest batch first.
+pickled when the loader was built, into memory they all map: :mod:`._work`), then jobs. Every
+worker has two threads here: one sends it jobs, the other takes its results. A job goes to
+whichever worker has room for it (at most :data:`DEPTH` held, so that its next job is already
+there when it ends one), the oldest batch first.
 
 A result is rebuilt on the shared memory the worker wrote it into (:mod:`._shared`) and
 resolves the job's asyncio future. A worker that dies (a segfault, ``os._exit``, the OOM
@@ -119,6 +119,8 @@ class _Worker:
     def __init__(self, pool: ProcessPool, number: int) -> None:
         self.pool = pool
         self.number = number
+        self._work: int | None = pool.work.descriptor()
+        """A descriptor of the memory it loads the work from (closed once sent)."""
         assert pool.zygote is not None
         self.process, self.sock = pool.zygote.spawn(number)
         self.conn = Connection(os.dup(self.sock.fileno()))
@@ -150,7 +152,10 @@ class _Worker:
     def _send(self) -> None:
         pool = self.pool
         try:
-            self.conn.send_bytes(pool.work.data)
+            assert self._work is not None
+            self.conn.send_bytes(pickle.dumps(pool.work.size))
+            socket.send_fds(self.sock, [b"F"], [self._work])
+            self._drop_work()
             while True:
                 task = pool.take(self)
                 if task is None:
@@ -167,6 +172,13 @@ class _Worker:
                 self.conn.send_bytes(pickle.dumps(None))  # stop
         except OSError:  # the worker is gone: the receiving thread fails what it held
             return
+        finally:
+            self._drop_work()
+
+    def _drop_work(self) -> None:
+        fd, self._work = self._work, None
+        if fd is not None:
+            os.close(fd)
 
     def _receive(self) -> None:
         try:
@@ -265,6 +277,8 @@ class _Worker:
                 thread.join(join)
         self.sock.close()
         self.conn.close()
+        if not self.threads:  # never served: nobody else closes it
+            self._drop_work()
 
 
 class ProcessPool:

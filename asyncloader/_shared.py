@@ -38,10 +38,12 @@ Ref = tuple[int, int, int]
 """A buffer in a segment: ``(segment, offset, bytes)``."""
 
 
-def anonymous(size: int) -> int:
-    """A descriptor of ``size`` bytes of zeroed memory that no name refers to."""
+def anonymous(size: int, label: str = "asyncloader", sealed: bool = False) -> int:
+    """A descriptor of ``size`` bytes of zeroed memory that no name refers to (``label`` is
+    what ``/proc`` shows of it; ``sealed``: seals may be added to it)."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("asyncloader", os.MFD_CLOEXEC)
+        flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0)
+        fd = os.memfd_create(label, flags)
     else:  # pragma: no cover - not Linux
         with tempfile.TemporaryFile() as file:
             fd = os.dup(file.fileno())

@@ -1,17 +1,33 @@
 """The loader's work as its worker processes get it: pickled once, when the loader is built,
-with the modules it refers to (what the zygote imports); what cannot be pickled is named,
-down to the attribute.
+into sealed anonymous memory that each worker maps and loads (no copy through a socket, no
+buffer of it in the worker), with the modules it refers to (what the zygote imports); what
+cannot be pickled is named, down to the attribute.
+
+Every worker, one that takes a dead one's place too, loads the same bytes: the work as it was
+when the loader was built, whatever the loader's own process did with the dataset since.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pickle
-from dataclasses import dataclass
-from typing import Final
+import sys
+import weakref
+from typing import IO, Any, Final
 
+from ._shared import anonymous
 from ._worker import Work
-from ._zygote import IN_WORKER, pickle_with_modules
+from ._zygote import IN_WORKER
+
+_SEALS: Final = (
+    getattr(fcntl, "F_SEAL_WRITE", 0)
+    | getattr(fcntl, "F_SEAL_GROW", 0)
+    | getattr(fcntl, "F_SEAL_SHRINK", 0)
+    | getattr(fcntl, "F_SEAL_SEAL", 0)
+)
+"""Once written, nobody changes it: a worker that goes wrong cannot spoil its successors'."""
 
 
 def _unpicklable(value: object, path: str, depth: int = 0) -> str:
@@ -26,28 +42,24 @@ def _unpicklable(value: object, path: str, depth: int = 0) -> str:
     return path
 
 
-@dataclass(frozen=True)
-class PickledWork:
-    """The loader's work as every worker gets it, and the modules the zygote imports for it."""
-
-    data: bytes
-    modules: list[str]
-    main: bool
-    """Whether it needs the main module (something in it was defined in a script)."""
-
-
-def pickle_work(work: Work) -> PickledWork:
-    """``work`` pickled once, for every worker the loader starts.
+def _dump(work: Work, file: IO[bytes]) -> set[str]:
+    """Pickle ``work`` into ``file``; the modules it refers to.
 
     Raises:
         TypeError: Part of it cannot be pickled; the message names the part and attribute.
-        RuntimeError: This is a worker process, importing a script whose loader is not
-            started under ``if __name__ == "__main__":``.
     """
-    if os.environ.get(IN_WORKER):
-        raise RuntimeError(UNGUARDED)
+    found: set[str] = set()
+
+    class Recording(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            kind = obj if isinstance(obj, type) else type(obj)
+            for module in (getattr(obj, "__module__", None), kind.__module__):
+                if isinstance(module, str):
+                    found.add(module)
+            return NotImplemented
+
     try:
-        data, modules, main = pickle_with_modules(work)
+        Recording(file, protocol=5).dump(work)
     except Exception as error:
         for name, value in (
             ("dataset", work.dataset),
@@ -63,7 +75,49 @@ def pickle_work(work: Work) -> PickledWork:
                     f"{failed}"
                 ) from failed
         raise TypeError(f"cpu_processes: the loader's work cannot be pickled: {error}") from error
-    return PickledWork(data, modules, main)
+    return found
+
+
+class PickledWork:
+    """The loader's work, pickled into anonymous memory, and the modules the zygote imports
+    for it. The memory is freed with the last of this object and the workers' loads of it."""
+
+    def __init__(self, work: Work) -> None:
+        fd = anonymous(0, "asyncloader-work", sealed=True)
+        try:
+            with open(os.dup(fd), "wb") as file:
+                found = _dump(work, file)
+                self.size = file.tell()
+            if _SEALS:
+                with contextlib.suppress(OSError):  # not a memfd here: left unsealed
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._closed = weakref.finalize(self, os.close, fd)
+        self.main = "__main__" in found or "__mp_main__" in found
+        """Whether it needs the main module (something in it was defined in a script)."""
+        self.modules = sorted(
+            m for m in found - {"__main__", "__mp_main__", "builtins"} if m in sys.modules
+        )
+
+    def descriptor(self) -> int:
+        """A descriptor of the memory, for one worker (the caller closes it)."""
+        return os.dup(self._fd)
+
+
+def pickle_work(work: Work) -> PickledWork:
+    """``work`` pickled once, for every worker the loader starts.
+
+    Raises:
+        TypeError: Part of it cannot be pickled; the message names the part and attribute.
+        RuntimeError: This is a worker process, importing a script whose loader is not
+            started under ``if __name__ == "__main__":``.
+    """
+    if os.environ.get(IN_WORKER):
+        raise RuntimeError(UNGUARDED)
+    return PickledWork(work)
 
 
 UNGUARDED: Final = (

@@ -1,6 +1,7 @@
 """A worker process of ``cpu_processes``: it runs the CPU stage of batches, one at a time.
 
-It gets the loader's work once (the sync dataset, the transform, the collate function), then
+It gets the loader's work once (the sync dataset, the transform, the collate function: mapped
+from the memory the loader pickled it into), then
 jobs over its socket: ``fetch`` (fetch a sync dataset's batch, transform, collate) or ``finish``
 (transform and collate items the loader fetched). Each job runs in the code the threads run
 (:mod:`._epoch`), under the job's ``(seed, epoch)`` key, so its batch is the one a thread would
@@ -13,6 +14,7 @@ when the loader says so or goes away (its socket closes).
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import signal
@@ -110,6 +112,16 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         epoch_key.reset(tokens[1])
 
 
+def _load(fd: int, size: int) -> Work:
+    """The work, from the memory the loader pickled it into (then unmapped and closed)."""
+    try:
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as memory:
+            work: Work = pickle.loads(memory)
+            return work
+    finally:
+        os.close(fd)
+
+
 def serve(conn: Connection) -> None:
     """The worker's life: take the work, then run jobs until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -118,8 +130,12 @@ def serve(conn: Connection) -> None:
     # The descriptors of new segments go over the same socket, after their result.
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
+        size = pickle.loads(conn.recv_bytes())
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        if not fds:  # the loader went away
+            return
         try:
-            work: Work = pickle.loads(conn.recv_bytes())
+            work = _load(fds[0], size)
         except Exception as error:
             conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
             return

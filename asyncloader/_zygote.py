@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import os
 import pickle
 import select
@@ -36,26 +35,6 @@ _ONE_THREAD: Final = {
 }
 """Math libraries start their thread pools at import; in the zygote they must not (a fork of
 a process that runs threads is unsafe), and a worker is one of many processes anyway."""
-
-
-def pickle_with_modules(value: object) -> tuple[bytes, list[str], bool]:
-    """``value`` pickled (protocol 5), the modules it refers to (those the zygote imports),
-    and whether one of them is ``__main__``."""
-    found: set[str] = set()
-
-    class Recording(pickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:
-            kind = obj if isinstance(obj, type) else type(obj)
-            for module in (getattr(obj, "__module__", None), kind.__module__):
-                if isinstance(module, str):
-                    found.add(module)
-            return NotImplemented
-
-    stream = io.BytesIO()
-    Recording(stream, protocol=5).dump(value)
-    main = "__main__" in found or "__mp_main__" in found
-    loaded = sorted(m for m in found - {"__main__", "__mp_main__", "builtins"} if m in sys.modules)
-    return stream.getvalue(), loaded, main
 
 
 def _threads() -> int:

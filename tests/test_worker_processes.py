@@ -7,12 +7,15 @@ with a hard time-out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -152,6 +155,68 @@ def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
         for _ in range(3):
             assert len(list(loader)) == 3
     assert proc_data.CountsPickles.pickled == 1
+
+
+def _work_memory(pid: int | str) -> list[int]:
+    """The pickled work's memories ``pid`` holds, by inode: a descriptor or a mapping each."""
+    inodes = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # one closed while listed
+            if "asyncloader-work" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                inodes.append(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+    with open(f"/proc/{pid}/maps") as maps:
+        inodes += [int(line.split()[4]) for line in maps if "asyncloader-work" in line]
+    return inodes
+
+
+def _all_loaded(loader: DataLoader) -> list[int]:
+    """The pids of ``loader``'s workers once every one has loaded the work."""
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    deadline = time.monotonic() + 30
+    while not all(worker.ready for worker in procs.workers):
+        assert time.monotonic() < deadline, "the workers did not load the work"
+        time.sleep(0.01)
+    return [pid for pid in proc_data.worker_pids(loader) if pid is not None]
+
+
+def test_the_work_is_one_sealed_memory_that_workers_unmap_once_loaded() -> None:
+    loader = DataLoader(proc_data.Images(64), batch_size=4, cpu_processes=2)
+    with loader:
+        assert len(list(loader)) == 16
+        pids = _all_loaded(loader)
+        assert len(pids) == 2
+        assert [_work_memory(pid) for pid in pids] == [[], []]
+        work = loader._runtime_here().work
+        assert work is not None
+        fd = work.descriptor()
+        try:
+            inode = os.fstat(fd).st_ino
+            with pytest.raises(PermissionError):  # sealed: no worker can spoil it
+                os.pwrite(fd, b"x", 0)
+        finally:
+            os.close(fd)
+        # The loader's one, for any worker that replaces a dead one.
+        assert _work_memory("self").count(inode) == 1
+    del loader, work
+    gc.collect()
+    assert inode not in _work_memory("self")
+
+
+def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> None:
+    dataset = proc_data.Images(16)
+    with DataLoader(dataset, batch_size=4, cpu_processes=1) as loader:
+        dataset.handle = threading.Lock()  # type: ignore[attr-defined]  # e.g. a file opened
+        first = _batches(loader, 1)
+        [pid] = _all_loaded(loader)
+        os.kill(pid, signal.SIGKILL)
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        deadline = time.monotonic() + 30
+        while procs.workers[0].process.pid in (None, pid) or not procs.workers[0].ready:
+            assert time.monotonic() < deadline, "no worker took the dead one's place"
+            time.sleep(0.01)
+        _same(_batches(loader, 1), first)
 
 
 def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() -> None:
