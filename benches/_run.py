@@ -42,7 +42,7 @@ from asyncloader import (
     default_collate,
 )
 
-from bench_gil import Numbers, TorchSpun, spin, spin_rate, train_step
+from bench_gil import Numbers, TorchSpun, spin, spin_rate, train_step, two_processes_rate
 from bench_images import (
     Jpegs,
     TorchJpegs,
@@ -497,6 +497,8 @@ def gil(system: str, spec: Spec) -> dict[str, Any]:
             num_workers=2,
             persistent_workers=True,
         )
+    elif system == "plain loop, 2 processes":
+        return {"per_s": two_processes_rate(count), "first_batch_s": None}
     else:  # the transform in a plain loop, one core
         return {"per_s": spin_rate(), "first_batch_s": None}
     clock.drain(loader)
