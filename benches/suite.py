@@ -114,8 +114,8 @@ def _pss(pids: list[int]) -> int:
 
 
 def _held(pids: list[int]) -> int:
-    """Memory the processes hold by descriptor and may map in none: the work a loader with
-    ``cpu_processes`` pickled for its workers (``memfd:asyncloader-work``), counted once."""
+    """Memory the processes hold by descriptor alone, mapped in none of them (so in no RSS):
+    the work a loader with ``cpu_processes`` pickled for its workers, counted once."""
     sizes: dict[int, int] = {}
     for pid in pids:
         try:
@@ -130,6 +130,14 @@ def _held(pids: list[int]) -> int:
                     sizes[found.st_ino] = found.st_size
             except OSError:
                 continue
+    for pid in pids if sizes else []:  # a worker loading it maps it: its RSS has it
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    if "asyncloader-work" in line:
+                        sizes.pop(int(line.split()[4]), None)
+        except OSError:
+            continue
     return sum(sizes.values())
 
 
@@ -154,17 +162,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # three-process systems, which need both cores.
         ticks = 0
         pids: list[int] = []
-        held = 0
         pss_tick, pss_rss = 0, 0
         while process.poll() is None:
             if ticks % 10 == 0:
                 pids = _tree(process.pid)
-                held = _held(pids)
-            rss = _rss(pids) + held
+            rss = _rss(pids)
             peaks["rss"] = max(peaks["rss"], rss)
             climbed = rss > 1.05 * pss_rss and ticks - pss_tick >= 10
             if ticks % PSS_TICKS == 0 or climbed:
-                peaks["pss"] = max(peaks["pss"], _pss(pids) + held)
+                peaks["pss"] = max(peaks["pss"], _pss(pids) + _held(pids))
                 pss_tick, pss_rss = ticks, rss
             if ticks % 10 == 0:
                 timeline.append((round(time.perf_counter() - started, 2), round(rss / 2**20)))
