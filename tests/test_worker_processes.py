@@ -174,7 +174,8 @@ def _all_loaded(loader: DataLoader) -> list[int]:
     procs = loader._runtime_here().procs
     assert procs is not None
     deadline = time.monotonic() + 30
-    while not all(worker.ready for worker in procs.workers):
+    # The epoch may have ended on the CPU threads before the pool even listed its workers.
+    while len(procs.workers) < procs.processes or not all(w.ready for w in procs.workers):
         assert time.monotonic() < deadline, "the workers did not load the work"
         time.sleep(0.01)
     return [pid for pid in proc_data.worker_pids(loader) if pid is not None]
