@@ -1,9 +1,9 @@
 """A worker process of ``cpu_processes``: it runs the CPU stage of batches, one at a time.
 
-It gets the loader's work once (the sync dataset, the transform, the collate function: mapped
-from the memory the loader pickled it into), then
-jobs over its socket: ``fetch`` (fetch a sync dataset's batch, transform, collate) or ``finish``
-(transform and collate items the loader fetched). Each job runs in the code the threads run
+It gets the loader's work once (the sync dataset, the transform, the collate function), loaded
+from the memory the loader pickled it into, then jobs over its socket: ``fetch`` (fetch a sync
+dataset's batch, transform, collate) or ``finish`` (transform and collate items the loader
+fetched). Each job runs in the code the threads run
 (:mod:`._epoch`), under the job's ``(seed, epoch)`` key, so its batch is the one a thread would
 make, bit for bit. The batch goes back through shared memory (:mod:`._shared`); a failure goes
 back as a value: the exception pickled if it can be, its text and its traceback.
