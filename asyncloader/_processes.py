@@ -153,7 +153,7 @@ class _Worker:
         pool = self.pool
         try:
             assert self._work is not None
-            self.conn.send_bytes(pickle.dumps(pool.work.size))
+            self.conn.send_bytes(pickle.dumps(pool.work.layout))
             socket.send_fds(self.sock, [b"F"], [self._work])
             self._drop_work()
             while True:

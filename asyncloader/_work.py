@@ -1,7 +1,7 @@
 """The loader's work as its worker processes get it: pickled once, when the loader is built,
 into sealed anonymous memory that each worker maps and loads (no copy through a socket, no
-buffer of it in the worker), with the modules it refers to (what the zygote imports); what
-cannot be pickled is named, down to the attribute.
+buffer of it in the worker; large arrays in it shared, not loaded), with the modules it refers
+to (what the zygote imports); what cannot be pickled is named, down to the attribute.
 
 Every worker, one that takes a dead one's place too, loads the same bytes: the work as it was
 when the loader was built, whatever the loader's own process did with the dataset since.
@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
 import pickle
 import sys
 import weakref
+from collections.abc import Callable
 from typing import IO, Any, Final
 
 from ._shared import anonymous
@@ -42,8 +44,11 @@ def _unpicklable(value: object, path: str, depth: int = 0) -> str:
     return path
 
 
-def _dump(work: Work, file: IO[bytes]) -> set[str]:
-    """Pickle ``work`` into ``file``; the modules it refers to.
+def _dump(
+    work: Work, file: IO[bytes], buffer_callback: Callable[[pickle.PickleBuffer], Any]
+) -> set[str]:
+    """Pickle ``work`` into ``file`` (out-of-band buffers to ``buffer_callback``); the modules
+    it refers to.
 
     Raises:
         TypeError: Part of it cannot be pickled; the message names the part and attribute.
@@ -59,7 +64,7 @@ def _dump(work: Work, file: IO[bytes]) -> set[str]:
             return NotImplemented
 
     try:
-        Recording(file, protocol=5).dump(work)
+        Recording(file, protocol=5, buffer_callback=buffer_callback).dump(work)
     except Exception as error:
         for name, value in (
             ("dataset", work.dataset),
@@ -78,16 +83,56 @@ def _dump(work: Work, file: IO[bytes]) -> set[str]:
     return found
 
 
+_OUT_OF_BAND: Final = 1 << 16
+"""The smallest array (or other pickle-5 buffer) kept out of the pickle, page-aligned in the
+memory after it: each worker maps it there, shared, instead of loading a copy. Smaller ones
+are copied in with the pickle."""
+
+Layout = tuple[int, list[tuple[int, int, bool]], int]
+"""Where the work lies in its memory: the pickle's length, each out-of-band buffer's
+``(offset, bytes, read-only)``, and the memory's size."""
+
+
+def _out_of_band(buffer: pickle.PickleBuffer) -> bool:
+    """Whether ``buffer`` is kept out of the pickle (else pickle copies it in)."""
+    try:
+        with buffer.raw() as raw:
+            return raw.nbytes >= _OUT_OF_BAND
+    except BufferError:  # not contiguous: copied in
+        return False
+
+
 class PickledWork:
     """The loader's work, pickled into anonymous memory, and the modules the zygote imports
-    for it. The memory is freed with the last of this object and the workers' loads of it."""
+    for it. The memory is freed with the last of this object and of the workers' maps of it.
+
+    A large array in the work (a dataset that holds its samples in NumPy arrays) is written
+    after the pickle, page-aligned; each worker maps it copy-on-write, so the workers share
+    its pages as torch's forked workers do, and a write stays in the worker that made it.
+    """
 
     def __init__(self, work: Work) -> None:
         fd = anonymous(0, "asyncloader-work", sealed=True)
         try:
             with open(os.dup(fd), "wb") as file:
-                found = _dump(work, file)
-                self.size = file.tell()
+                kept: list[pickle.PickleBuffer] = []
+
+                def keep(buffer: pickle.PickleBuffer) -> bool:
+                    if not _out_of_band(buffer):
+                        return True  # in band
+                    kept.append(buffer)
+                    return False
+
+                found = _dump(work, file, keep)
+                length = file.tell()
+                spans = []
+                for buffer in kept:
+                    with buffer.raw() as raw:
+                        offset = -(-file.tell() // mmap.PAGESIZE) * mmap.PAGESIZE
+                        file.seek(offset)
+                        file.write(raw)
+                        spans.append((offset, raw.nbytes, raw.readonly))
+                self.layout: Layout = (length, spans, max(file.tell(), 1))
             if _SEALS:
                 with contextlib.suppress(OSError):  # not a memfd here: left unsealed
                     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)

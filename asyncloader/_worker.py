@@ -112,12 +112,24 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         epoch_key.reset(tokens[1])
 
 
-def _load(fd: int, size: int) -> Work:
-    """The work, from the memory the loader pickled it into (then unmapped and closed)."""
+def _load(fd: int, layout: tuple[int, list[tuple[int, int, bool]], int]) -> Work:
+    """The work, from the memory the loader pickled it into. Without out-of-band buffers the
+    memory is unmapped once loaded; with them it stays mapped, copy-on-write, as long as the
+    arrays on it live."""
+    length, spans, size = layout
     try:
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as memory:
-            work: Work = pickle.loads(memory)
-            return work
+        if not spans:
+            with mmap.mmap(fd, length, prot=mmap.PROT_READ) as memory:
+                work: Work = pickle.loads(memory)
+                return work
+        # Not released: the arrays loaded are views on it, and keep it mapped.
+        view = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE))
+        buffers = [
+            view[at : at + nbytes].toreadonly() if readonly else view[at : at + nbytes]
+            for at, nbytes, readonly in spans
+        ]
+        work = pickle.loads(view[:length], buffers=buffers)
+        return work
     finally:
         os.close(fd)
 
@@ -130,12 +142,12 @@ def serve(conn: Connection) -> None:
     # The descriptors of new segments go over the same socket, after their result.
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
-        size = pickle.loads(conn.recv_bytes())
+        layout = pickle.loads(conn.recv_bytes())
         _, fds, _, _ = socket.recv_fds(sock, 1, 1)
         if not fds:  # the loader went away
             return
         try:
-            work = _load(fds[0], size)
+            work = _load(fds[0], layout)
         except Exception as error:
             conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
             return

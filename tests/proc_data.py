@@ -189,3 +189,25 @@ def spin(index: int, item: Any) -> Any:
     for step in range(20_000):
         total += step * index
     return item
+
+
+class HoldsArray:
+    """A sync dataset whose samples are rows of one NumPy array it holds (1 MiB), as an
+    in-memory dataset does; item ``i`` is its row, and whether this process maps the work's
+    memory (``/proc/self/maps``). With ``writes``, each call adds 1 to its row first."""
+
+    def __init__(self, n: int = 1024, writes: bool = False, readonly: bool = False) -> None:
+        self.table = (np.arange(n * 1024) % 251).astype(np.uint8).reshape(n, 1024)
+        self.table.flags.writeable = not readonly
+        self.writes = writes
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if self.writes:
+            self.table[index] += 1
+        with open("/proc/self/maps") as maps:
+            mapped = "asyncloader-work" in maps.read()
+        row = self.table[index].astype(np.int64)
+        return np.concatenate([row[:4], [mapped, self.table.flags.writeable, os.getpid()]])

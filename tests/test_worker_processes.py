@@ -204,6 +204,39 @@ def test_the_work_is_one_sealed_memory_that_workers_unmap_once_loaded() -> None:
     assert inode not in _work_memory("self")
 
 
+def _rows(loader: DataLoader) -> np.ndarray[Any, Any]:
+    return np.concatenate([np.asarray(batch) for batch in loader])
+
+
+def test_a_large_array_in_the_dataset_is_shared_by_the_workers_not_loaded_by_each() -> None:
+    dataset = proc_data.HoldsArray(1024)
+    with ready(DataLoader(dataset, batch_size=64, cpu_processes=2)) as loader:
+        rows = _rows(loader)
+    assert (rows[:, :4] == dataset.table[:, :4]).all()
+    in_workers = rows[rows[:, 6] != os.getpid()]
+    assert len(in_workers) == len(rows)
+    assert in_workers[:, 4].all()  # each worker still maps the work: its array is a view on it
+    assert in_workers[:, 5].all()  # and writable, copy-on-write
+
+
+def test_a_write_to_a_shared_array_stays_in_the_worker_that_made_it() -> None:
+    dataset = proc_data.HoldsArray(64, writes=True)
+    before = dataset.table[:, :4].astype(np.int64)
+    with ready(DataLoader(dataset, batch_size=16, cpu_processes=1)) as loader:
+        first, second = _rows(loader), _rows(loader)
+    assert (first[:, :4] == before + 1).all()
+    assert (second[:, :4] == before + 2).all()  # the worker's own copy of those pages
+    assert (dataset.table[:, :4] == before).all()  # the loader's dataset: untouched
+
+
+def test_a_read_only_array_stays_read_only_in_the_workers() -> None:
+    dataset = proc_data.HoldsArray(64, readonly=True)
+    with ready(DataLoader(dataset, batch_size=16, cpu_processes=1)) as loader:
+        rows = _rows(loader)
+    assert rows[:, 4].all()
+    assert not rows[:, 5].any()
+
+
 def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> None:
     dataset = proc_data.Images(16)
     with DataLoader(dataset, batch_size=4, cpu_processes=1) as loader:
