@@ -121,6 +121,7 @@ class _Worker:
         self.number = number
         self._work: int | None = pool.work.descriptor()
         """A descriptor of the memory it loads the work from (closed once sent)."""
+        self._work_lock = threading.Lock()
         assert pool.zygote is not None
         self.process, self.sock = pool.zygote.spawn(number)
         self.conn = Connection(os.dup(self.sock.fileno()))
@@ -176,7 +177,8 @@ class _Worker:
             self._drop_work()
 
     def _drop_work(self) -> None:
-        fd, self._work = self._work, None
+        with self._work_lock:  # the sender and a close may both try: close it once
+            fd, self._work = self._work, None
         if fd is not None:
             os.close(fd)
 
@@ -265,6 +267,11 @@ class _Worker:
         except Exception as failed:
             pool.broke(WorkerError(f"a new asyncloader worker process could not start: {failed}"))
 
+    @property
+    def sending(self) -> bool:
+        """Whether its sending thread started (it tells the worker to stop)."""
+        return bool(self.threads) and self.threads[0].ident is not None
+
     def close(self, join: float = 0.0) -> None:
         """Close this side's socket (after the worker exited or was killed), and wait up to
         ``join`` seconds for its threads to end."""
@@ -272,12 +279,13 @@ class _Worker:
         # (a descriptor closed under a blocked read could be reused by another file).
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        # A thread may never have started (none can at interpreter shutdown, 3.12 and on).
         for thread in self.threads:
-            if thread is not threading.current_thread():
+            if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(join)
         self.sock.close()
         self.conn.close()
-        if not self.threads:  # never served: nobody else closes it
+        if not self.sending:  # no sender to close it
             self._drop_work()
 
 
@@ -462,6 +470,8 @@ class ProcessPool:
         if os.getpid() != self.pid:
             return
         for worker in workers:
+            if not worker.sending:  # nobody to tell it to stop: its socket's end does
+                worker.close()
             worker.process.join(timeout=_JOIN_S / max(1, len(workers)))
             if worker.process.is_alive():
                 worker.process.kill()

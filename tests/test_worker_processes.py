@@ -253,6 +253,29 @@ def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> 
         _same(_batches(loader, 1), first)
 
 
+def test_a_worker_whose_threads_cannot_start_is_closed_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As at interpreter shutdown on 3.12 and later, where no new thread starts: a loader left
+    # unclosed at exit is closed by its finalizer while its workers start.
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name.startswith("asyncloader-worker-"):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    assert procs.wait_ready(30.0)  # broken: it says why
+    [worker] = procs.workers
+    loader.close()  # no RuntimeError from joining a thread never started
+    assert worker.process.join(10.0)
+    assert worker._work is None  # its descriptor of the work closed
+
+
 def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() -> None:
     loader = ready(DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1))
     with loader:
