@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import IO, Any, Final
 
 from ._shared import anonymous
-from ._worker import Work
+from ._worker import Layout, Work
 from ._zygote import IN_WORKER
 
 _SEALS: Final = (
@@ -87,10 +87,6 @@ _OUT_OF_BAND: Final = 1 << 16
 """The smallest array (or other pickle-5 buffer) kept out of the pickle, page-aligned in the
 memory after it: each worker maps it there, shared, instead of loading a copy. Smaller ones
 are copied in with the pickle."""
-
-Layout = tuple[int, list[tuple[int, int, bool]], int]
-"""Where the work lies in its memory: the pickle's length, each out-of-band buffer's
-``(offset, bytes, read-only)``, and the memory's size."""
 
 
 def _out_of_band(buffer: pickle.PickleBuffer) -> bool:

@@ -3,10 +3,10 @@
 It gets the loader's work once (the sync dataset, the transform, the collate function), loaded
 from the memory the loader pickled it into, then jobs over its socket: ``fetch`` (fetch a sync
 dataset's batch, transform, collate) or ``finish`` (transform and collate items the loader
-fetched). Each job runs in the code the threads run
-(:mod:`._epoch`), under the job's ``(seed, epoch)`` key, so its batch is the one a thread would
-make, bit for bit. The batch goes back through shared memory (:mod:`._shared`); a failure goes
-back as a value: the exception pickled if it can be, its text and its traceback.
+fetched). Each job runs in the code the threads run (:mod:`._epoch`), under the job's
+``(seed, epoch)`` key, so its batch is the one a thread would make, bit for bit. The batch
+goes back through shared memory (:mod:`._shared`); a failure goes back as a value: the
+exception pickled if it can be, its text and its traceback.
 
 A worker ignores SIGINT: Ctrl-C is the loader's to handle, and it stops its workers. It exits
 when the loader says so or goes away (its socket closes).
@@ -73,6 +73,10 @@ class _Collect:
         self.skipped.append((index, error_payload(error)))
 
 
+Layout = tuple[int, list[tuple[int, int, bool]], int]
+"""Where the work lies in the memory the loader pickled it into: the pickle's length, each
+out-of-band buffer's ``(offset, bytes, read-only)``, and the memory's size."""
+
 Job = tuple[str, list[int], list[Any] | None, tuple[int, int]]
 """``(kind, indices, items or None, (seed, epoch))``."""
 
@@ -112,7 +116,7 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         epoch_key.reset(tokens[1])
 
 
-def _load(fd: int, layout: tuple[int, list[tuple[int, int, bool]], int]) -> Work:
+def _load(fd: int, layout: Layout) -> Work:
     """The work, from the memory the loader pickled it into. Without out-of-band buffers the
     memory is unmapped once loaded; with them it stays mapped, copy-on-write, as long as the
     arrays on it live."""
