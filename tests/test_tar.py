@@ -12,6 +12,7 @@ import bz2
 import gzip
 import io
 import lzma
+import struct
 import tarfile
 import tracemalloc
 from typing import Any
@@ -20,7 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncloader.datasets._tar import INFLATE_STEP, ShardError, TarParser, split_name
+from asyncloader.datasets._tar import (
+    INFLATE_STEP,
+    ShardError,
+    TarParser,
+    _number,
+    split_name,
+    unsigned_checksum,
+)
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 COMPRESS = {
@@ -121,6 +129,32 @@ def test_a_corrupted_shard_fails_with_a_shard_error(position: int, flip: int) ->
     samples, error = parse(bytes(data))
     assert error is None or isinstance(error, ShardError)
     assert len(samples) <= 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=512, max_size=512) | st.sampled_from([b"\xff" * 512, bytes(512)]))
+def test_the_header_checksum_is_tarfiles(block: bytes) -> None:
+    # tarfile's own formula: the bytes around the checksum field, and 8 spaces for it.
+    assert unsigned_checksum(block) == 256 + sum(struct.unpack_from("148B8x356B", block))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (b"00000040000\x00", 0o40000),
+        (b"  17 \x00junk\x00 ", 0o17),  # whitespace around the digits, anything after a NUL
+        (b"\x00" * 12, 0),
+        (b" " * 12, 0),
+        (b"0 1\x00", None),
+        (b"18\x00", None),
+        (b"+1\x00", None),
+        (b"\x80" + (5).to_bytes(11, "big"), 5),  # GNU base-256
+    ],
+)
+def test_numeric_fields_are_read_as_tarfile_reads_valid_ones(
+    field: bytes, value: int | None
+) -> None:
+    assert _number(field) == value
 
 
 def test_members_that_are_not_files_are_passed_over() -> None:

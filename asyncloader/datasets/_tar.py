@@ -43,7 +43,8 @@ INFLATE_STEP: Final = 1 << 20
 _KEY: Final = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 """WebDataset's split of a member name into key and extension."""
 _META: Final = re.compile(r"(^|/)__[^/]*__$")
-_OCTAL: Final = re.compile(rb"[0-7]+")
+_NUMBER: Final = re.compile(rb"\s*([0-7]*)\s*(?:\0.*)?", re.DOTALL)
+"""Octal digits with whitespace around them, up to the field's first NUL if it has one."""
 _PAX_RECORD: Final = re.compile(rb"(\d+) ([^=]+)=")
 _REGULAR: Final = frozenset({b"0", b"\0", b"7"})
 _NAMES: Final = frozenset({b"L", b"x", b"g"})
@@ -111,11 +112,18 @@ def _number(field: bytes) -> int | None:
         return int.from_bytes(field[1:], "big")
     if field[0] == 0o377:
         return None  # base-256 negative
-    end = field.find(b"\0")
-    digits = (field if end < 0 else field[:end]).strip()
-    if not digits:
-        return 0
-    return int(digits, 8) if _OCTAL.fullmatch(digits) else None
+    match = _NUMBER.fullmatch(field)
+    return None if match is None else int(match.group(1) or b"0", 8)
+
+
+def unsigned_checksum(block: bytes) -> int:
+    """tar's checksum of a header: the sum of its bytes, its checksum field counted as spaces.
+
+    Adler-32's first half is one plus the sum of the bytes, modulo 65521, which 256 bytes
+    never reach: a header's sum in two calls, against a Python loop over its 512 bytes.
+    """
+    halves = (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
+    return halves - sum(block[148:156]) + 256
 
 
 class TarParser:
@@ -257,8 +265,11 @@ class TarParser:
 
     def _read_header(self, block: bytes) -> tuple[str, int, bytes, tuple[str, str] | None]:
         """The member's name, size, type, and its key and extension if it is a sample's."""
-        stored = _number(block[148:156])
-        unsigned = sum(block) - sum(block[148:156]) + 256
+        unsigned = unsigned_checksum(block)
+        if block[148:156] == b"%06o\0 " % unsigned:  # as tarfile writes it: nothing to parse
+            stored: int | None = unsigned
+        else:
+            stored = _number(block[148:156])
         if stored != unsigned and stored != 256 + sum(_SIGNED.unpack(block)):
             if self._member == _FIRST:
                 raise ShardError(f"shard {self.shard}: not a tar (no valid first header)")
@@ -279,11 +290,13 @@ class TarParser:
             size = int(pax_size) if pax_size.isdigit() else None
         if size is None:
             raise self._fail(name, "has an invalid size field")
-        if kind == b"S" or any(key.startswith("GNU.sparse") for key in self._local):
+        local = self._local
+        if kind == b"S" or (local and any(key.startswith("GNU.sparse") for key in local)):
             raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
         limit = self.max_bytes
         parts = None
-        if kind in _REGULAR and not name.endswith("/") and not _META.search(name):
+        meta = "__" in name and _META.search(name)
+        if kind in _REGULAR and not name.endswith("/") and not meta:
             parts = split_name(name)
             if parts is None:
                 self._flush_unless(None)
