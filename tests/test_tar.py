@@ -204,6 +204,30 @@ def test_hostile_headers_fail_naming_the_shard_and_the_member(block: bytes, prob
     assert problem in str(error)
 
 
+def pax_member(records: bytes) -> bytes:
+    """A pax extended header holding ``records``, then a one-byte member and the archive's
+    end."""
+    data = records + bytes(-len(records) % 512)
+    size = f"{len(records):011o}\x00".encode()
+    member = header("a.jpg", b"00000000001\x00") + b"z" + bytes(511)
+    return header("pax", size, kind=b"x") + data + member + bytes(1024)
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        b"5011 size=" + b"9" * 5000 + b"\n",  # more digits than int() converts
+        b"9" * 5000 + b" path=x\n",  # a record's length, the same
+        b"11 size=\xd9\xa3\n",  # a digit, but not an ASCII one
+    ],
+)
+def test_hostile_pax_numbers_fail_naming_the_shard_and_the_member(records: bytes) -> None:
+    _, error = parse(pax_member(records))
+    assert isinstance(error, ShardError)
+    assert "shard s.tar" in str(error)
+    assert "'pax'" in str(error) or "'a.jpg'" in str(error)
+
+
 def test_a_member_over_max_bytes_fails_before_its_data_is_held() -> None:
     data = write([("a.jpg", b"ok"), ("b.jpg", b"q" * 100_000)])
     parser = TarParser("s.tar", max_bytes=1000)

@@ -45,7 +45,10 @@ _KEY: Final = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META: Final = re.compile(r"(^|/)__[^/]*__$")
 _NUMBER: Final = re.compile(rb"\s*([0-7]*)\s*(?:\0.*)?", re.DOTALL)
 """Octal digits with whitespace around them, up to the field's first NUL if it has one."""
-_PAX_RECORD: Final = re.compile(rb"(\d+) ([^=]+)=")
+_PAX_RECORD: Final = re.compile(rb"([0-9]{1,19}) ([^=]+)=")
+_PAX_SIZE: Final = re.compile(r"[0-9]{1,19}")
+"""Decimal numbers in pax records: ASCII digits, 19 at most (more than any size a member can
+have; int() refuses a string of thousands, and takes non-ASCII digits)."""
 _REGULAR: Final = frozenset({b"0", b"\0", b"7"})
 _NAMES: Final = frozenset({b"L", b"x", b"g"})
 """GNU long names and pax headers: they name (or size) the member that follows."""
@@ -287,7 +290,7 @@ class TarParser:
         size = _number(block[124:136])
         pax_size = self._local.get("size") or self._global.get("size")
         if pax_size is not None and kind not in _NAMES:
-            size = int(pax_size) if pax_size.isdigit() else None
+            size = int(pax_size) if _PAX_SIZE.fullmatch(pax_size) else None
         if size is None:
             raise self._fail(name, "has an invalid size field")
         local = self._local
