@@ -228,6 +228,39 @@ def test_hostile_pax_numbers_fail_naming_the_shard_and_the_member(records: bytes
     assert "'pax'" in str(error) or "'a.jpg'" in str(error)
 
 
+def pax_record(key: str, value: str) -> bytes:
+    """One pax record: its length counts itself."""
+    body = f" {key}={value}\n".encode()
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+@pytest.mark.parametrize("kind", [b"x", b"g"])
+def test_extended_headers_cost_no_more_memory_than_their_limit(kind: bytes) -> None:
+    # 40 headers of 530 KB each, every record a new key, before one member: pax records
+    # accumulate (a global one for the archive, a local one until its member), so without a
+    # bound on them all, the parser would hold the stream (gzip makes that a bomb).
+    headers = []
+    for number in range(40):
+        records = b"".join(pax_record(f"k{number}_{i}", "v" * 200) for i in range(2500))
+        size = f"{len(records):011o}\x00".encode()
+        headers.append(header("pax", size, kind=kind) + records + bytes(-len(records) % 512))
+    member = header("a.jpg", b"00000000001\x00") + b"z" + bytes(511)
+    data = gzip.compress(b"".join(headers) + member + bytes(1024))
+    tracemalloc.start()
+    try:
+        samples, error = parse(data, chunk=65536)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert samples == []
+    assert isinstance(error, ShardError)
+    assert "shard s.tar: member 'pax' has extended headers of over 1048576 bytes" in str(error)
+    assert peak < 6 * 2**20
+
+
 def test_a_member_over_max_bytes_fails_before_its_data_is_held() -> None:
     data = write([("a.jpg", b"ok"), ("b.jpg", b"q" * 100_000)])
     parser = TarParser("s.tar", max_bytes=1000)

@@ -23,7 +23,8 @@ member over the limit, a name with no key or no extension, or an extension twice
 sample sets the parser's ``error`` to a :class:`ShardError` naming the shard and the member
 (the samples before it are still handed out). A compressed stream is
 inflated at most :data:`INFLATE_STEP` bytes at a time and no further than the end of the
-archive, so a decompression bomb costs no more memory than its largest member.
+archive, and the extended headers held at once (long names, pax records, which add up) are
+bounded as one member is, so a decompression bomb costs no more memory than its largest member.
 """
 
 from __future__ import annotations
@@ -151,6 +152,10 @@ class TarParser:
         """The header whose data is awaited: its name, size, type, key and extension."""
         self._global: dict[str, str] = {}
         self._local: dict[str, str] = {}
+        self._extended = max(max_bytes or 0, 1 << 20)
+        """The most bytes of extended headers (long names, pax records) held at once."""
+        self._held = [0, 0]
+        """The bytes of the pax records held: the global ones, and the next member's."""
         self._long_name: str | None = None
         self._out: list[dict[str, Any]] = []
         self.error: ShardError | None = None
@@ -307,7 +312,7 @@ class TarParser:
             if limit is not None and size > limit:
                 self._flush_unless(parts)
                 raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
-        elif kind in _NAMES and size > max(limit or 0, 1 << 20):
+        elif kind in _NAMES and size > self._extended:
             raise self._fail(name, f"has a {size}-byte extended header")
         return name, size, kind, parts
 
@@ -321,11 +326,16 @@ class TarParser:
             return
         if kind in (b"x", b"g"):
             records = self._pax(name, data)
+            # Records add up (the global ones for the whole archive, the local ones until
+            # their member), so their bound is on them all, not on each header.
+            self._held[kind == b"x"] += len(data)
+            if sum(self._held) > self._extended:
+                raise self._fail(name, f"has extended headers of over {self._extended} bytes")
             (self._local if kind == b"x" else self._global).update(records)
             return
         self._long_name = None
-        if self._local:
-            self._local = {}
+        if self._held[1]:
+            self._local, self._held[1] = {}, 0
         if parts is None:
             return  # a folder, a link, a device, WebDataset's metadata
         key, extension = parts
