@@ -4,6 +4,7 @@ num_workers, ranks, exact resume); a broken shard fails only its own place."""
 
 from __future__ import annotations
 
+import tracemalloc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,24 @@ def test_a_row_group_over_max_bytes_fails_before_it_is_read(folder: Path) -> Non
     loader = DataLoader(dataset, batch_size=4, collate_fn=list)
     with loader, pytest.raises(OSError, match=r"row group 0 is \d+ bytes, over max_bytes=10"):
         next(iter(loader))
+
+
+def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: Path) -> None:
+    # 20,000 copies of a 10 KB string: the footer says about 10 KB (one dictionary entry), the
+    # file is under 1 KB, and the rows decode to 200 MB: a bomb that the footer's size misses.
+    bomb = pa.table({"text": pa.array(["x" * 10_000] * 20_000)})
+    pq.write_table(bomb, tmp_path / "bomb.parquet", row_group_size=20_000, compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 1000
+    dataset = ParquetShards(FileDataset(["bomb.parquet"], root=tmp_path), max_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+        with loader, pytest.raises(OSError, match="row group 0 decodes to over max_bytes=1048576"):
+            next(iter(loader))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # the rows made in Python before the limit was found
 
 
 def test_settings_are_checked(folder: Path) -> None:

@@ -19,6 +19,9 @@ from ._shards import Shard, ShardStream
 from ._streaming import Blocking
 from ._tar import ShardError
 
+_ROWS_A_STEP = 1024
+"""Rows decoded at once, between checks of a row group's size against ``max_bytes``."""
+
 
 class _Opened:
     """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
@@ -36,11 +39,22 @@ class _Opened:
             self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
             return self.file.metadata
 
-    def rows(self, group: int, columns: list[str] | None, shard: str, first: int) -> list[Any]:
+    def rows(
+        self, group: int, columns: list[str] | None, shard: str, first: int, limit: int | None
+    ) -> list[Any]:
+        rows: list[dict[str, Any]] = []
+        decoded = 0
         with self.lock:
-            rows: list[dict[str, Any]] = self.file.read_row_group(
-                group, columns=columns
-            ).to_pylist()
+            # Decoded a step at a time: a dictionary or a run of repeated values makes rows of
+            # far more bytes than the footer's size of the row group, which counts them encoded.
+            steps = self.file.iter_batches(_ROWS_A_STEP, row_groups=[group], columns=columns)
+            for batch in steps:
+                decoded += batch.nbytes
+                if limit is not None and decoded > limit:
+                    raise ShardError(
+                        f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
+                    )
+                rows += batch.to_pylist()
         for offset, row in enumerate(rows):
             row["__shard__"], row["__row__"] = shard, first + offset
         return rows
@@ -66,8 +80,9 @@ class ParquetShards(ShardStream):
         columns: The columns read (all by default).
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
-        max_bytes: The largest row group accepted (its uncompressed size in the footer),
-            checked before it is read.
+        max_bytes: The largest row group accepted: its uncompressed size in the footer,
+            checked before it is read, and its rows' size once decoded (dictionaries and runs
+            of repeated values expanded), checked every 1,024 rows as they are decoded.
 
     Raises:
         ImportError: pyarrow is not installed (``pip install asyncloader[parquet]``).
@@ -124,7 +139,8 @@ class ParquetShards(ShardStream):
                             f"shard {shard.name}: row group {group} is {info.total_byte_size} "
                             f"bytes, over max_bytes={limit}"
                         )
-                    for row in await blocking(opened.rows, group, columns, shard.name, first):
+                    made = await blocking(opened.rows, group, columns, shard.name, first, limit)
+                    for row in made:
                         shard.put(row)
                     first += info.num_rows
                     await shard.room()
