@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import marshal
 import os
 import pickle
 import select
@@ -83,6 +84,28 @@ class WorkerProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
+def _python(entry: str) -> list[str]:
+    """A fresh interpreter that runs this module's ``entry`` with this process's ``sys.path``.
+
+    ``python -c`` puts the working directory first on ``sys.path``: set before any import
+    that could be looked up there (marshal is built in), this process's own path makes the
+    interpreter import the same asyncloader, and the same modules, as this process.
+    """
+    boot = (
+        "import marshal, os, sys; "
+        "sys.path[:] = marshal.loads(bytes.fromhex(os.environ.pop('ASYNCLOADER_PATH'))); "
+        f"from asyncloader._zygote import {entry}; {entry}()"
+    )
+    return [sys.executable, "-c", boot]
+
+
+def _path() -> dict[str, str]:
+    # Only what imports look in (a pathlib.Path in sys.path is passed over, and marshal
+    # could not write it); the zygote then takes the whole list, pickled.
+    entries = [entry for entry in sys.path if isinstance(entry, (str, bytes))]
+    return {"ASYNCLOADER_PATH": marshal.dumps(entries).hex()}
+
+
 class Zygote:
     """The loader's side of the zygote: starts it, asks it for workers, hears their exits.
 
@@ -96,9 +119,9 @@ class Zygote:
         main_path = getattr(sys.modules["__main__"], "__file__", None) if main else None
         environment = {**os.environ, **_ONE_THREAD, IN_WORKER: "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from asyncloader._zygote import main; main()"],
+            _python("main"),
             pass_fds=[theirs.fileno()],
-            env={**environment, "ASYNCLOADER_ZYGOTE_FD": str(theirs.fileno())},
+            env={**environment, **_path(), "ASYNCLOADER_ZYGOTE_FD": str(theirs.fileno())},
         )
         theirs.close()
         self._sock = ours
@@ -191,9 +214,9 @@ def _reap(conn: Connection) -> None:
 def _fork(setup: tuple[list[str], str | None], fd: int, inherited: list[int]) -> int:
     if _threads() > 1:  # an import started a thread: fork no more, exec a fresh worker
         return subprocess.Popen(
-            [sys.executable, "-c", "from asyncloader._zygote import alone; alone()"],
+            _python("alone"),
             pass_fds=[fd],
-            env={**os.environ, "ASYNCLOADER_ALONE": pickle.dumps((fd, *setup)).hex()},
+            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": pickle.dumps((fd, *setup)).hex()},
         ).pid
     pid = os.fork()
     if pid:

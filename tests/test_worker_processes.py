@@ -662,3 +662,34 @@ async def test_an_async_epoch_on_the_callers_loop() -> None:
         got = [batch.shape async for batch in loader]
     assert got == [(4, 12, 12, 3), (4, 12, 12, 3), (2, 12, 12, 3)]
     await asyncio.sleep(0)
+
+
+def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
+    # `python -c` puts the working directory first on sys.path: a package of the same name
+    # there (a checkout beside an installed copy, say) would be what the zygote imports.
+    shadow = tmp_path / "cwd" / "asyncloader"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the working directory\\'s copy')\n")
+    script = tmp_path / "job" / "run.py"
+    script.parent.mkdir()
+    script.write_text(
+        textwrap.dedent(
+            """
+            from asyncloader import DataLoader
+
+            loader = DataLoader(list(range(6)), batch_size=3, cpu_processes=1)
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            print([[int(x) for x in b] for b in loader])
+            loader.close()
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path / "cwd",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[[0, 1, 2], [3, 4, 5]]"
