@@ -45,6 +45,8 @@ class FaultServer:
         self.faults: Counter[str] = Counter()
         self.streak: Counter[str] = Counter()
         self.stall_s = 1.0
+        self.sent: Counter[str] = Counter()
+        """Bytes ``/files-endless/{name}`` sent past its file."""
         self.files: dict[str, bytes] = {}
         """What ``/files/{name}`` serves (``/files-cut/{name}``: its first half, then a close)."""
 
@@ -70,6 +72,7 @@ class FaultServer:
         app.router.add_get("/wrong-range/{name}", self.wrong_range)
         app.router.add_get("/flaky-files/{fails}/{name}", self.flaky_file)
         app.router.add_get("/files-stall/{name}", self.file_stall)
+        app.router.add_get("/files-endless/{name}", self.file_endless)
         return app
 
     def _hit(self, request: web.Request) -> None:
@@ -225,6 +228,17 @@ class FaultServer:
         await asyncio.sleep(5)
         await response.write(data[len(data) // 2 :])
         return response
+
+    async def file_endless(self, request: web.Request) -> web.StreamResponse:
+        """``/files/{name}``, then bytes without end (chunked), counted in :attr:`sent`
+        until the client goes."""
+        self._hit(request)
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(self.files[request.match_info["name"]])
+        while True:
+            await response.write(b"\xff" * 65536)
+            self.sent[request.path] += 65536
 
     async def flaky_file(self, request: web.Request) -> web.Response:
         """``/files/{name}`` after ``fails`` answers of 503 (Retry-After: 0)."""

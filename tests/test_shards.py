@@ -328,6 +328,24 @@ def test_a_cut_connection_and_a_missing_shard_fail_only_their_shards(
     assert http_shards.hits["/files-cut/shard-01.tar"] == 1  # bytes were read: no retry
 
 
+def test_a_shard_is_read_no_further_than_its_end_of_archive(http_shards: FaultServer) -> None:
+    # A server that goes on sending after the tar's end: the shard ends at its end-of-archive
+    # blocks, as tarfile's stream mode does, not when (if ever) the body does.
+    url = f"{http_shards.url}/files-endless/shard-00.tar"
+    got: list[Any] = []
+
+    def read() -> None:
+        with DataLoader(TarShards(HttpDataset([url])), batch_size=None) as loader:
+            got.extend(every_outcome(loader, key))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive(), "the epoch did not end"
+    assert got == keys_of(0)
+    assert http_shards.sent["/files-endless/shard-00.tar"] < 64 << 20
+
+
 def test_a_shard_that_fails_before_its_first_byte_is_retried(http_shards: FaultServer) -> None:
     urls = [f"{http_shards.url}/flaky-files/2/{name}" for name in names(2)]
     with DataLoader(TarShards(HttpDataset(urls)), batch_size=4, collate_fn=list) as loader:

@@ -51,7 +51,7 @@ def _name(source: Any, index: int) -> str:
 
 
 class _Stop(Exception):
-    """The parser found a fault: the rest of the shard is not read."""
+    """The parser found a fault, or the archive's end: the rest of the shard is not read."""
 
 
 class Shard:
@@ -150,7 +150,9 @@ def tar_producer(
         async def sink(chunk: Any) -> None:
             for sample in parser.feed(chunk):
                 shard.put(sample)
-            if parser.error is not None:
+            # A stream that goes on past the archive's end is not read to its end, which
+            # may never come (tarfile's stream mode stops there too).
+            if parser.error is not None or parser.ended:
                 raise _Stop
             await shard.room()
 

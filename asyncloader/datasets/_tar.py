@@ -161,6 +161,11 @@ class TarParser:
         self.error: ShardError | None = None
         """Why the shard could not be read to its end, once that is known."""
 
+    @property
+    def ended(self) -> bool:
+        """Whether tar's end-of-archive block was read: what follows it is not the shard's."""
+        return self._ended
+
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         """The samples that ``chunk`` completes. After a fault, :attr:`error` says what it
         was (the samples before it are still returned) and the rest is ignored."""
