@@ -101,7 +101,7 @@ def _python(entry: str) -> list[str]:
 
 def _path() -> dict[str, str]:
     # Only what imports look in (a pathlib.Path in sys.path is passed over, and marshal
-    # could not write it); the zygote then takes the whole list, pickled.
+    # could not write it).
     entries = [entry for entry in sys.path if isinstance(entry, (str, bytes))]
     return {"ASYNCLOADER_PATH": marshal.dumps(entries).hex()}
 
@@ -131,7 +131,7 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
-        self._conn.send_bytes(pickle.dumps((list(sys.path), modules, main_path)))
+        self._conn.send_bytes(pickle.dumps((modules, main_path)))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
 
@@ -211,12 +211,12 @@ def _reap(conn: Connection) -> None:
         _send(conn, ("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
-def _fork(setup: tuple[list[str], str | None], fd: int, inherited: list[int]) -> int:
+def _fork(main_path: str | None, fd: int, inherited: list[int]) -> int:
     if _threads() > 1:  # an import started a thread: fork no more, exec a fresh worker
         return subprocess.Popen(
             _python("alone"),
             pass_fds=[fd],
-            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": pickle.dumps((fd, *setup)).hex()},
+            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": pickle.dumps((fd, main_path)).hex()},
         ).pid
     pid = os.fork()
     if pid:
@@ -245,8 +245,7 @@ def main() -> None:
     sock = socket.socket(fileno=int(os.environ.pop("ASYNCLOADER_ZYGOTE_FD")))
     conn = Connection(os.dup(sock.fileno()))
     try:
-        path, modules, main_path = pickle.loads(conn.recv_bytes())
-        sys.path[:] = path
+        modules, main_path = pickle.loads(conn.recv_bytes())
         try:
             if main_path is not None:
                 from multiprocessing import spawn
@@ -272,7 +271,7 @@ def main() -> None:
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork((path, main_path), fds[0], inherited)
+                pid = _fork(main_path, fds[0], inherited)
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
                 _reap(conn)  # a child that ended before its handler was set
@@ -283,8 +282,7 @@ def main() -> None:
 def alone() -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it unpickles."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fd, path, main_path = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
-    sys.path[:] = path
+    fd, main_path = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
     if main_path is not None:
         from multiprocessing import spawn
 
