@@ -70,6 +70,7 @@ class FaultServer:
         app.router.add_get("/files-cut/{name}", self.file_cut)
         app.router.add_get("/ranged/{name}", self.ranged)
         app.router.add_get("/wrong-range/{name}", self.wrong_range)
+        app.router.add_get("/replaced/{etags}/{after}/{name}", self.replaced)
         app.router.add_get("/flaky-files/{fails}/{name}", self.flaky_file)
         app.router.add_get("/files-stall/{name}", self.file_stall)
         app.router.add_get("/files-endless/{name}", self.file_endless)
@@ -211,6 +212,29 @@ class FaultServer:
             status=206,
             body=data[first : last + 1],
             headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
+        )
+
+    async def replaced(self, request: web.Request) -> web.Response:
+        """``/ranged/{name}``, but from its ``after + 1``-st request on the file is
+        ``{name}.next``, as if it were overwritten while a reader read it. ``etags``: ``strong``
+        (an ETag for each version, ``If-Match`` honoured with 412, as S3 does), ``ignored`` (an
+        ETag each, ``If-Match`` ignored), ``none`` (neither)."""
+        self._hit(request)
+        etags, name = request.match_info["etags"], request.match_info["name"]
+        version = 2 if self.hits[request.path] > int(request.match_info["after"]) else 1
+        data = self.files[name if version == 1 else f"{name}.next"]
+        tag = {"ETag": f'"v{version}"'} if etags != "none" else {}
+        wanted = request.headers.get("If-Match")
+        if etags == "strong" and wanted is not None and wanted != tag["ETag"]:
+            return web.Response(status=412)
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if asked is None:
+            return web.Response(body=data, headers=tag)
+        first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
+        return web.Response(
+            status=206,
+            body=data[first : last + 1],
+            headers={"Content-Range": f"bytes {first}-{last}/{len(data)}", **tag},
         )
 
     async def _half_file(self, request: web.Request) -> tuple[web.StreamResponse, bytes]:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -234,3 +235,49 @@ def test_a_server_that_does_not_answer_the_range_fails_its_shard(
     loader = DataLoader(dataset, batch_size=4, collate_fn=list)
     with loader, pytest.raises(OSError, match=message):
         next(iter(loader))
+
+
+def versioned(first_id: int, rows: int = 40_000) -> bytes:
+    """A Parquet file of 4 row groups whose byte layout depends only on ``rows`` (no
+    dictionary, compression or statistics), so another version of it parses at the same offsets."""
+    sink = pa.BufferOutputStream()
+    ids = pa.table({"id": list(range(first_id, first_id + rows))})
+    pq.write_table(
+        ids,
+        sink,
+        row_group_size=rows // 4,
+        use_dictionary=False,
+        compression="NONE",
+        write_statistics=False,
+    )
+    return bytes(sink.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("etags", "rows"),
+    [("strong", 40_000), ("ignored", 40_000), ("none", 40_001)],
+)
+def test_a_parquet_shard_replaced_while_it_is_read_fails_its_shard(
+    server: FaultServer, etags: str, rows: int
+) -> None:
+    # Read by ranges, a shard is many requests: the object must be the same for all of them.
+    # Replaced after the footer was read, its row groups came from the new version, and the
+    # loader gave rows of both versions, or of the new one under the old one's size check.
+    name = f"replaced-{etags}.parquet"
+    server.files[name], server.files[f"{name}.next"] = versioned(0), versioned(10**6, rows)
+    url = f"{server.url}/replaced/{etags}/2/{name}"  # the size, the footer, then the new one
+    loader = DataLoader(ParquetShards(HttpDataset([url])), batch_size=10_000, collate_fn=list)
+    with loader, pytest.raises(OSError, match="changed while it was read"):
+        for _ in loader:
+            pass
+
+
+def test_an_object_replaced_while_it_is_read_by_ranges_fails_the_read() -> None:
+    from obstore.store import S3Store
+
+    with run_moto("versions", {"t.parquet": versioned(0)}) as moto:
+        store = S3Store("versions", endpoint=moto.endpoint, allow_http=True, **CREDENTIALS)
+        file = ObjectStoreDataset(store, ["t.parquet"]).open_file(0)  # sized by a HEAD
+        obstore.put(store, "t.parquet", versioned(10**6))
+        with pytest.raises(OSError, match="changed while it was read"):
+            file.read()

@@ -8,6 +8,7 @@ import email.utils
 import os
 import re
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._settings import check_int, check_timeout
@@ -81,6 +82,26 @@ async def _keep_until_loop_closes(
         yield
     finally:
         await session.close()
+
+
+_CHANGED: Final = "the object changed while it was read"
+
+
+@dataclass(frozen=True)
+class _Version:
+    """Which object a range response was of: its size, and its ETag if the server gave one."""
+
+    size: int
+    etag: str | None
+
+    def same(self, other: _Version) -> bool:
+        """Whether ``other`` may be the same object (an ETag is compared when both have one)."""
+        tags = self.etag is None or other.etag is None or self.etag == other.etag
+        return self.size == other.size and tags
+
+    def __str__(self) -> str:
+        shown = "no ETag" if self.etag is None else f"ETag {self.etag[:80]!r}"
+        return f"{self.size} bytes, {shown}"
 
 
 class _Session:
@@ -251,7 +272,9 @@ class HttpDataset:
     def open_file(self, index: int, loop: asyncio.AbstractEventLoop | None = None) -> RangeFile:
         """Item ``index`` as a file read anywhere in it on another thread (blocking), each
         read one ``Range`` GET made on ``loop`` (for a Parquet reader). A server that does not
-        answer a range with 206 and the range asked for fails the read."""
+        answer a range with 206 and the range asked for fails the read. Every read is of the
+        version the first one sized: sent ``If-Match`` with its ETag, it fails if the object's
+        size or ETag has changed since (the object was replaced while it was read)."""
         if loop is None:
             raise ValueError("HttpDataset.open_file needs the event loop that makes its requests")
         url = self.locations[index]
@@ -259,24 +282,31 @@ class HttpDataset:
         # Bounded: a loop that closes under a read must not leave this thread waiting forever.
         wait = self.timeout * (self.retry.max_retries + 1) + 60
 
-        def get(start: int, length: int) -> tuple[bytes, int]:
-            future = asyncio.run_coroutine_threadsafe(self.get_range(url, start, length), loop)
+        def get(start: int, length: int, version: _Version | None) -> tuple[bytes, _Version]:
+            ranged = self.get_range(url, start, length, version)
+            future = asyncio.run_coroutine_threadsafe(ranged, loop)
             return future.result(timeout=wait)
 
-        size = get(0, 1)[1]
-        if self.max_bytes is not None and size > self.max_bytes:
+        first = get(0, 1, None)[1]
+        if self.max_bytes is not None and first.size > self.max_bytes:
             raise ValueError(
-                f"GET {redact_url(url)}: {size} bytes, over max_bytes={self.max_bytes}"
+                f"GET {redact_url(url)}: {first.size} bytes, over max_bytes={self.max_bytes}"
             )
-        return RangeFile(size, lambda start, length: get(start, length)[0])
+        return RangeFile(first.size, lambda start, length: get(start, length, first)[0])
 
-    async def get_range(self, url: str, start: int, length: int) -> tuple[bytes, int]:
-        """Bytes ``start`` to ``start + length - 1`` of ``url``'s body, and the body's size."""
+    async def get_range(
+        self, url: str, start: int, length: int, version: _Version | None = None
+    ) -> tuple[bytes, _Version]:
+        """Bytes ``start`` to ``start + length - 1`` of ``url``'s body, and the version of the
+        object they are of (its size and ETag); with ``version``, they must be of that one."""
         session = self._current() or await self._open_session()
         asked = f"bytes={start}-{start + length - 1}"
         shown = redact_url(url)
+        extra = {"Range": asked}
+        if version is not None and version.etag and not version.etag.startswith("W/"):
+            extra["If-Match"] = version.etag  # a weak ETag never matches (RFC 9110)
 
-        async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, int]:
+        async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, _Version]:
             given = response.headers.get("Content-Range", "")
             match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
             if response.status != 206 or match is None:
@@ -293,13 +323,19 @@ class HttpDataset:
                     OSError(f"GET {shown}: the server sent {given[:60]!r} for {asked!r}"),
                     transient=False,
                 )
+            this = _Version(total, response.headers.get("ETag"))
+            if version is not None and not version.same(this):
+                raise AttemptFailed(
+                    OSError(f"GET {shown}: {_CHANGED} ({version} before, {this} now)"),
+                    transient=False,
+                )
             data = await _read_at_most(response.content, last - first + 1, url)
             if len(data) != last - first + 1:
                 raise AttemptFailed(OSError(f"GET {shown}: the range ended early"), transient=True)
-            return data, total
+            return data, this
 
-        result: tuple[bytes, int] = await retrying(
-            self.retry, lambda: self._attempt(session, url, take, None, {"Range": asked})
+        result: tuple[bytes, _Version] = await retrying(
+            self.retry, lambda: self._attempt(session, url, take, None, extra)
         )
         return result
 
@@ -486,6 +522,8 @@ def _status_error(status: int, shown: str) -> OSError:
         return OSError(f"{message}, not a final response")
     if status in (404, 410):
         return FileNotFoundError(message)
+    if status == 412:  # only a read pinned to a version sends a precondition (If-Match)
+        return OSError(f"{message}, {_CHANGED} (its ETag no longer matches)")
     if status in (401, 403):
         return PermissionError(message)
     return OSError(message)

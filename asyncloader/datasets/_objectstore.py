@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ._http import _check_max_bytes
 from ._locations import Locations
@@ -12,6 +12,9 @@ from ._ranges import RangeFile
 from ._redact import redact_text, redact_url
 from ._retry import Retry
 from ._streaming import STREAM_CHUNK, Blocking, Sink
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
 
 SCHEMES: Final = (
     "s3://",
@@ -269,22 +272,37 @@ class ObjectStoreDataset:
 
     def open_file(self, index: int, loop: object = None) -> RangeFile:
         """Object ``index`` as a file read anywhere in it (blocking): each read one range GET
-        (a byte range is not a shard, and is refused)."""
+        (a byte range is not a shard, and is refused). Every read is of the version the HEAD
+        sized (``If-Match`` its ETag, or its version id): it fails if the object was replaced
+        since."""
         location = self.locations[index]
         if isinstance(location, tuple):
             raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
         import obstore
+        from obstore.exceptions import PreconditionError
 
         try:
-            size: int = obstore.head(self.store, location)["size"]
+            meta = obstore.head(self.store, location)
         except Exception as error:
             raise _translate(error, f"HEAD {location}") from None
+        size: int = meta["size"]
         if self.max_bytes is not None and size > self.max_bytes:
             raise ValueError(f"{location!r} is {size} bytes, over max_bytes={self.max_bytes}")
+        etag, version = meta.get("e_tag"), meta.get("version")
 
         def get(start: int, length: int) -> Any:
+            options: GetOptions = {"range": (start, start + length)}
+            if etag:
+                options["if_match"] = etag
+            if version:
+                options["version"] = version
             try:
-                return obstore.get_range(self.store, location, start=start, length=length)
+                return obstore.get(self.store, location, options=options).bytes()
+            except PreconditionError:
+                raise OSError(
+                    f"GET {location} [{start}:]: the object changed while it was read (its "
+                    "ETag no longer matches the one its size was checked with)"
+                ) from None
             except Exception as error:
                 raise _translate(error, f"GET {location} [{start}:]") from None
 
