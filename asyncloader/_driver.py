@@ -162,7 +162,7 @@ async def process_batch(
             items = await fetcher.fetch(indices, position)
             if context.procs is not None:
                 return await context.in_process(indices, items)
-            batch = await context.on_cpu(context.collate_only, indices, items)
+            batch = await context.batch_work(context.collate_only, indices, items)
             return batch
         async with fetcher.slots:
             if (
@@ -180,7 +180,7 @@ async def process_batch(
                 return await context.in_process(indices, items)
             parts = context.parts(len(indices))
             if parts == 1:  # one job: transform and collate
-                batch = await context.on_cpu(context.finish, indices, items)
+                batch = await context.batch_work(context.finish, indices, items)
                 return batch
             batch = await transform_in_parts(context, indices, items, parts)
             return batch

@@ -34,6 +34,12 @@ least this long in all (by the epoch's mean so far; the first batch always is): 
 a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
 the time, with a batch less memory at the peak (docs/performance.md)."""
 
+_INLINE_S = 50e-6
+"""A batch's CPU work runs on the event loop, not the CPU pool, once the epoch's batches so far
+took less than this each (the means of their transforms and collations; the first batch always
+goes to the pool): the hop to a pool thread and back costs the process more CPU than that work,
+and it holds the loop no longer than a callback of its own (docs/performance.md)."""
+
 
 class _Scope:
     __slots__ = ("_augment", "_key", "_recorder", "_token")
@@ -140,6 +146,33 @@ class EpochContext:
     async def on_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the CPU pool."""
         return await self.cpu.run(fn, *args)
+
+    async def batch_work(
+        self,
+        work: Callable[[Sequence[int], list[Any]], Batch],
+        indices: Sequence[int],
+        items: list[Any],
+    ) -> Batch:
+        """``work(indices, items)`` (:meth:`finish` or :meth:`collate_only`): on the event loop
+        when the epoch's batches so far were cheaper than a thread hop (see _INLINE_S), else on
+        the CPU pool."""
+        if self._cheap(len(items), transforms=work == self.finish):
+            return work(indices, items)
+        batch: Batch = await self.on_cpu(work, indices, items)
+        return batch
+
+    def _cheap(self, items: int, transforms: bool) -> bool:
+        recorder = self.recorder
+        collate = recorder.collate
+        if not collate.count:
+            return False
+        cost = collate.total / collate.count
+        if transforms and self.transform is not None:
+            timing = recorder.transform
+            if not timing.count:
+                return False
+            cost += timing.total / timing.count * items
+        return cost < _INLINE_S
 
     def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
         """Transform and collate (one CPU job)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -397,3 +398,36 @@ def test_ranks_without_a_seed_read_disjoint_shares() -> None:
     ]
     assert not set(shares[0]) & set(shares[1])
     assert sorted(shares[0] + shares[1]) == list(range(40))
+
+
+def spin(seconds: float) -> None:
+    """CPU work for ``seconds`` (a collation that costs more than a thread hop)."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str) -> None:
+    # The first batch's collation is timed on a CPU thread; once the epoch knows it costs
+    # less than the hop there and back, the batches are collated where they are (the loop).
+    where: dict[str, list[str]] = {"cheap": [], "costly": []}
+
+    def cheap(items: list[Any]) -> list[Any]:
+        where["cheap"].append(threading.current_thread().name)
+        return list(items)
+
+    def costly(items: list[Any]) -> list[Any]:
+        where["costly"].append(threading.current_thread().name)
+        spin(0.001)
+        return list(items)
+
+    for collate in (cheap, costly):
+        data = AsyncData(48) if kind == "async" else SyncData(48)
+        with DataLoader(data, batch_size=8, collate_fn=collate, num_workers=1) as loader:
+            assert [list(batch) for batch in loader] == [
+                list(range(s, s + 8)) for s in range(0, 48, 8)
+            ]
+    assert where["cheap"][0].startswith("asyncloader-cpu")
+    assert where["cheap"][1:] == ["asyncloader-loop"] * 5
+    assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
