@@ -39,6 +39,10 @@ _INLINE_S = 50e-6
 took less than this each (the means of their transforms and collations; the first batch always
 goes to the pool): the hop to a pool thread and back costs the process more CPU than that work,
 and it holds the loop no longer than a callback of its own (docs/performance.md)."""
+_INLINE_ITEM_S = 20e-6
+"""An item a lane fetched is transformed by the lane itself, not handed to the CPU pool, once
+the epoch's transforms so far took less than this on average (the first always goes to the
+pool): the one hop to a pool thread costs more CPU than that transform."""
 
 
 class _Scope:
@@ -173,6 +177,11 @@ class EpochContext:
                 return False
             cost += timing.total / timing.count * items
         return cost < _INLINE_S
+
+    def cheap_transform(self) -> bool:
+        """Whether a lane transforms its item itself (see _INLINE_ITEM_S)."""
+        timing = self.recorder.transform
+        return bool(timing.count) and timing.total / timing.count < _INLINE_ITEM_S
 
     def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
         """Transform and collate (one CPU job)."""

@@ -3,7 +3,8 @@
 An epoch has ``max(num_workers, 1) * item_concurrency`` lanes. Each takes the next item in
 epoch order from the batches the driver has opened (at most ``num_workers + prefetch_depth``
 ahead of the consumer), fetches it, hands it to the CPU pool for its transform without waiting
-for it, and takes the next: a lane that finds its batch's items all started goes on to the next
+for it (or transforms it itself once the epoch's transforms are timed cheaper than that hop),
+and takes the next: a lane that finds its batch's items all started goes on to the next
 batch's, so the requests in flight do not sag while a batch waits for its slowest item. A
 transformed item makes no hop back to the event loop: the last item of a batch to end wakes
 the batch task, once.
@@ -80,11 +81,15 @@ class BatchFetch:
     def stores(self, position: int, item: Any) -> bool:
         """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
         it), or hand it to the CPU pool for its transform, which ends it."""
-        if not self.context.transforms_items:
+        context = self.context
+        if not context.transforms_items:
             self.items[position] = item
             return True
+        if context.cheap_transform():  # cheaper than the hop to a CPU thread: here
+            self._transform_here(position, item)
+            return True
         try:
-            self.context.cpu.submit(self._transform, position, item)
+            context.cpu.submit(self._transform, position, item)
         except BaseException as error:  # the pool was shut down
             self.errors.append((position, error))
             self.end()
@@ -113,6 +118,15 @@ class BatchFetch:
             except Exception as over_budget:
                 error = over_budget
         self.errors.append((position, error))
+
+    def _transform_here(self, position: int, item: Any) -> None:
+        """Transform one item in the lane's own thread; the lane then ends it."""
+        if self.errors or self.stopped:
+            return
+        try:
+            self.items[position] = self.context.timed_transform(self.indices[position], item)
+        except BaseException as error:  # as on a CPU thread: the batch's failure
+            self._failed(position, error)
 
     def _transform(self, position: int, item: Any) -> None:
         """Transform one item (a CPU thread)."""

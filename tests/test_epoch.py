@@ -215,7 +215,8 @@ def test_a_transform_gets_the_index_and_runs_off_the_consumer_thread() -> None:
         for batch in loader:
             assert (batch[:, 1] == batch[:, 0] * 10).all()
     assert threads
-    assert all(name.startswith("asyncloader-cpu") for name in threads)
+    # The CPU pool's threads, and once the transforms are timed cheaper than a hop, the lanes'.
+    assert all(name.startswith(("asyncloader-cpu", "asyncloader-loop")) for name in threads)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -251,7 +252,8 @@ def test_a_sync_datasets_item_is_transformed_while_its_batch_is_still_fetched(
     assert fetched_on
     assert all(name.startswith("asyncloader-io") for name in fetched_on)
     assert transformed_on
-    assert all(name.startswith("asyncloader-cpu") for name in transformed_on)
+    # The CPU pool's threads, and once the transforms are timed cheaper than a hop, the lanes'.
+    assert all(name.startswith(("asyncloader-cpu", "asyncloader-io")) for name in transformed_on)
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -430,4 +432,38 @@ def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str)
             ]
     assert where["cheap"][0].startswith("asyncloader-cpu")
     assert where["cheap"][1:] == ["asyncloader-loop"] * 5
+    assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "lane"), [("async", "asyncloader-loop"), ("sync", "asyncloader-io")]
+)
+def test_an_item_transform_cheaper_than_a_thread_hop_runs_in_its_lane(kind: str, lane: str) -> None:
+    # An item's transform goes to a CPU thread until the epoch's transforms are timed as
+    # cheaper than the hop there; then the lane that fetched the item transforms it.
+    where: dict[str, list[str]] = {"cheap": [], "costly": []}
+
+    def cheap(index: int, item: int) -> int:
+        where["cheap"].append(threading.current_thread().name)
+        return item * 10
+
+    def costly(index: int, item: int) -> int:
+        where["costly"].append(threading.current_thread().name)
+        spin(0.001)
+        return item * 10
+
+    for transform in (cheap, costly):
+        data = AsyncData(48) if kind == "async" else SyncData(48)
+        with DataLoader(
+            data,
+            batch_size=8,
+            transform=transform,
+            num_workers=1,
+            item_concurrency=1 + (kind == "sync"),
+        ) as loader:
+            assert [batch.tolist() for batch in loader] == [
+                [i * 10 for i in range(s, s + 8)] for s in range(0, 48, 8)
+            ]
+    assert where["cheap"][0].startswith("asyncloader-cpu")
+    assert all(name.startswith(lane) for name in where["cheap"][8:])
     assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
