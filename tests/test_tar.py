@@ -12,6 +12,7 @@ import bz2
 import gzip
 import io
 import lzma
+import re
 import struct
 import tarfile
 import tracemalloc
@@ -155,6 +156,29 @@ def test_numeric_fields_are_read_as_tarfile_reads_valid_ones(
     field: bytes, value: int | None
 ) -> None:
     assert _number(field) == value
+
+
+def by_pattern(field: bytes) -> int | None:
+    """``_number`` as the pattern alone reads a field (its fast path must agree)."""
+    if field[0] in (0o200, 0o377):
+        return None
+    match = re.fullmatch(rb"\s*([0-7]*)\s*(?:\0.*)?", field, re.DOTALL)
+    return None if match is None else int(match.group(1) or b"0", 8)
+
+
+FIELD_BYTES = st.sampled_from(b"0123456789 +-_\x00\t\n\x0b\xa0x")
+
+
+@given(st.lists(FIELD_BYTES, min_size=1, max_size=12).map(bytes))
+def test_a_numeric_field_reads_as_the_pattern_reads_it(field: bytes) -> None:
+    if field[0] not in (0o200, 0o377):
+        assert _number(field) == by_pattern(field)
+
+
+@given(st.text(st.sampled_from("ab.Z/_-\n\u00e9\udcff"), max_size=12))
+def test_a_name_splits_as_the_pattern_splits_it(name: str) -> None:
+    match = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
+    assert split_name(name) == (None if match is None else (match[1], match[2].lower()))
 
 
 def test_members_that_are_not_files_are_passed_over() -> None:

@@ -92,6 +92,9 @@ class _Stepped:
 
 def split_name(name: str) -> tuple[str, str] | None:
     """``(key, extension)`` of a member name, WebDataset's way; ``None`` if it has none."""
+    if "/" not in name:  # the usual name: the split at its first dot, which the pattern makes
+        dot = name.find(".")
+        return None if dot <= 0 else (name[:dot], name[dot + 1 :].lower())
     match = _KEY.match(name)
     if match is None:
         return None
@@ -112,6 +115,13 @@ def _text(field: bytes) -> str:
 
 def _number(field: bytes) -> int | None:
     """A size field: octal digits (spaces and NULs around them), or GNU's base-256."""
+    if field[-1] == 0:  # as tarfile writes it, ASCII digits then a NUL: nothing to strip
+        digits = field[:-1]
+        if digits.isdigit():
+            try:
+                return int(digits, 8)
+            except ValueError:  # an 8 or a 9
+                return None
     if field[0] == 0o200:
         return int.from_bytes(field[1:], "big")
     if field[0] == 0o377:
