@@ -30,18 +30,19 @@ from ._worker import FETCH, FINISH
 
 _SPLIT_S = 0.002
 """A batch fetched whole has its transforms split over the CPU threads when they take at
-least this long in all (by the epoch's mean so far; the first batch always is): a part costs
+least this long in all (by the loader's mean so far; the first batch always is): a part costs
 a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
 the time, with a batch less memory at the peak (docs/performance.md)."""
 
 _INLINE_S = 50e-6
-"""A batch's CPU work runs on the event loop, not the CPU pool, once the epoch's batches so far
-took less than this each (the means of their transforms and collations; the first batch always
-goes to the pool): the hop to a pool thread and back costs the process more CPU than that work,
-and it holds the loop no longer than a callback of its own (docs/performance.md)."""
+"""A batch's CPU work runs on the event loop, not the CPU pool, once the loader's batches so far
+(since it was built, or its statistics reset) took less than this each, by the means of their
+transforms and collations (the first batch always goes to the pool): the hop to a pool thread
+and back costs the process more CPU than that work, and it holds the loop no longer than a
+callback of its own (docs/performance.md)."""
 _INLINE_ITEM_S = 20e-6
 """An item a lane fetched is transformed by the lane itself, not handed to the CPU pool, once
-the epoch's transforms so far took less than this on average (the first always goes to the
+the loader's transforms so far took less than this on average (the first always goes to the
 pool): the one hop to a pool thread costs more CPU than that transform."""
 
 
@@ -158,7 +159,7 @@ class EpochContext:
         items: list[Any],
     ) -> Batch:
         """``work(indices, items)`` (:meth:`finish` or :meth:`collate_only`): on the event loop
-        when the epoch's batches so far were cheaper than a thread hop (see _INLINE_S), else on
+        when the loader's batches so far were cheaper than a thread hop (see _INLINE_S), else on
         the CPU pool."""
         if self._cheap(len(items), transforms=work == self.finish):
             return work(indices, items)

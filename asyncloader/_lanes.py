@@ -3,7 +3,7 @@
 An epoch has ``max(num_workers, 1) * item_concurrency`` lanes. Each takes the next item in
 epoch order from the batches the driver has opened (at most ``num_workers + prefetch_depth``
 ahead of the consumer), fetches it, hands it to the CPU pool for its transform without waiting
-for it (or transforms it itself once the epoch's transforms are timed cheaper than that hop),
+for it (or transforms it itself once the loader's transforms are timed cheaper than that hop),
 and takes the next: a lane that finds its batch's items all started goes on to the next
 batch's, so the requests in flight do not sag while a batch waits for its slowest item. A
 transformed item makes no hop back to the event loop: the last item of a batch to end wakes

@@ -411,7 +411,7 @@ def spin(seconds: float) -> None:
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str) -> None:
-    # The first batch's collation is timed on a CPU thread; once the epoch knows it costs
+    # The first batch's collation is timed on a CPU thread; once the loader knows it costs
     # less than the hop there and back, the batches are collated where they are (the loop).
     where: dict[str, list[str]] = {"cheap": [], "costly": []}
 
@@ -439,7 +439,7 @@ def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str)
     ("kind", "lane"), [("async", "asyncloader-loop"), ("sync", "asyncloader-io")]
 )
 def test_an_item_transform_cheaper_than_a_thread_hop_runs_in_its_lane(kind: str, lane: str) -> None:
-    # An item's transform goes to a CPU thread until the epoch's transforms are timed as
+    # An item's transform goes to a CPU thread until the loader's transforms are timed as
     # cheaper than the hop there; then the lane that fetched the item transforms it.
     where: dict[str, list[str]] = {"cheap": [], "costly": []}
 
