@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import threading
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -301,3 +303,44 @@ def test_a_collate_fn_may_return_any_value_and_the_epoch_stays_whole(odd: object
         batches = list(loader)
     assert len(batches) == 3
     assert all(batch is odd for batch in batches)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_cheap_transform_that_fails_in_its_lane_fails_its_batch_or_is_skipped(
+    kind: str,
+) -> None:
+    # By item 40 the transforms are timed cheap, so the lanes run them (not the CPU pool):
+    # its failure still fails only its own batch, and errors="skip" drops only it.
+    where: set[str] = set()
+
+    def transform(index: int, item: int) -> int:
+        where.add(re.sub(r"-[0-9]+$", "", threading.current_thread().name))
+        if index == 40:
+            raise KeyError("bad 40")
+        return item
+
+    def loader(errors: str) -> DataLoader:
+        data = AsyncData(64) if kind == "async" else SyncData(64)
+        return DataLoader(
+            data,
+            batch_size=8,
+            transform=transform,
+            num_workers=1,
+            item_concurrency=2,
+            collate_fn=list,
+            errors=errors,  # type: ignore[arg-type]
+        )
+
+    with loader("skip") as skipping:
+        assert [i for batch in skipping for i in batch] == [i for i in range(64) if i != 40]
+        assert skipping.stats().skipped == 1
+    outcomes: list[Any] = []
+    with loader("raise") as raising:
+        batches = iter(raising)
+        for _ in range(8):
+            try:
+                outcomes.append(next(batches)[0])
+            except KeyError as error:
+                outcomes.append(repr(error))
+    assert outcomes == [0, 8, 16, 24, 32, "KeyError('bad 40')", 48, 56]
+    assert {"asyncloader-loop" if kind == "async" else "asyncloader-io"} <= where
