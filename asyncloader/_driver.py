@@ -162,7 +162,7 @@ async def process_batch(
             items = await fetcher.fetch(indices, position)
             if context.procs is not None:
                 return await context.in_process(indices, items)
-            batch = await context.batch_work(context.collate_only, indices, items)
+            batch = await context.batch_work(indices, items, transformed=True)
             return batch
         async with fetcher.slots:
             if (
@@ -180,7 +180,7 @@ async def process_batch(
                 return await context.in_process(indices, items)
             parts = context.parts(len(indices))
             if parts == 1:  # one job: transform and collate
-                batch = await context.batch_work(context.finish, indices, items)
+                batch = await context.batch_work(indices, items, transformed=False)
                 return batch
             batch = await transform_in_parts(context, indices, items, parts)
             return batch

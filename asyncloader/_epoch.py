@@ -153,36 +153,25 @@ class EpochContext:
         return await self.cpu.run(fn, *args)
 
     async def batch_work(
-        self,
-        work: Callable[[Sequence[int], list[Any]], Batch],
-        indices: Sequence[int],
-        items: list[Any],
+        self, indices: Sequence[int], items: list[Any], transformed: bool
     ) -> Batch:
-        """``work(indices, items)`` (:meth:`finish` or :meth:`collate_only`): on the event loop
-        when the loader's batches so far were cheaper than a thread hop (see _INLINE_S), else on
-        the CPU pool."""
-        if self._cheap(len(items), transforms=work == self.finish):
+        """The batch's CPU work (:meth:`collate_only` if its lanes ``transformed`` its items,
+        else :meth:`finish`): on the event loop when the loader's batches so far were cheaper
+        than a thread hop (see _INLINE_S), else on the CPU pool."""
+        work = self.collate_only if transformed else self.finish
+        collate = self.recorder.collate.mean
+        untimed = transformed or self.transform is None
+        transform = 0.0 if untimed else self.recorder.transform.mean
+        cost = None if collate is None or transform is None else collate + transform * len(items)
+        if cost is not None and cost < _INLINE_S:
             return work(indices, items)
         batch: Batch = await self.on_cpu(work, indices, items)
         return batch
 
-    def _cheap(self, items: int, transforms: bool) -> bool:
-        recorder = self.recorder
-        collate = recorder.collate
-        if not collate.count:
-            return False
-        cost = collate.total / collate.count
-        if transforms and self.transform is not None:
-            timing = recorder.transform
-            if not timing.count:
-                return False
-            cost += timing.total / timing.count * items
-        return cost < _INLINE_S
-
     def cheap_transform(self) -> bool:
         """Whether a lane transforms its item itself (see _INLINE_ITEM_S)."""
-        timing = self.recorder.transform
-        return bool(timing.count) and timing.total / timing.count < _INLINE_ITEM_S
+        mean = self.recorder.transform.mean
+        return mean is not None and mean < _INLINE_ITEM_S
 
     def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
         """Transform and collate (one CPU job)."""
@@ -201,8 +190,8 @@ class EpochContext:
         threads = self.cpu.max_threads
         if self.transform is None or threads < 2 or items < 2:
             return 1
-        timing = self.recorder.transform
-        if timing.count and timing.total / timing.count * items < _SPLIT_S:
+        mean = self.recorder.transform.mean
+        if mean is not None and mean * items < _SPLIT_S:
             return 1
         return min(threads, items)
 

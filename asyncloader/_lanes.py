@@ -120,23 +120,18 @@ class BatchFetch:
         self.errors.append((position, error))
 
     def _transform_here(self, position: int, item: Any) -> None:
-        """Transform one item in the lane's own thread; the lane then ends it."""
+        """Transform one item where this runs (the caller ends it); a failure is the batch's."""
         if self.errors or self.stopped:
             return
         try:
             self.items[position] = self.context.timed_transform(self.indices[position], item)
-        except BaseException as error:  # as on a CPU thread: the batch's failure
+        except BaseException as error:
             self._failed(position, error)
 
     def _transform(self, position: int, item: Any) -> None:
-        """Transform one item (a CPU thread)."""
+        """Transform one item (a CPU thread), and end it."""
         try:
-            if not (self.errors or self.stopped):
-                try:
-                    index = self.indices[position]
-                    self.items[position] = self.context.timed_transform(index, item)
-                except BaseException as error:
-                    self._failed(position, error)
+            self._transform_here(position, item)
         finally:
             self.end()
 

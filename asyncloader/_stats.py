@@ -73,6 +73,11 @@ class _Timing:
         self.total += seconds
         self.samples.append(seconds)
 
+    @property
+    def mean(self) -> float | None:
+        """The mean of the times added, ``None`` before the first."""
+        return self.total / self.count if self.count else None
+
     def snapshot(self) -> StageStats:
         if not self.count:
             return StageStats()
