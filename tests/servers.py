@@ -34,6 +34,19 @@ def random_body(index: int) -> bytes:
 FAULTS = ("500", "503", "reset", "short", "stall")
 
 
+def _range(request: web.Request, data: bytes, headers: dict[str, str]) -> web.Response:
+    """``data`` with ``headers``: the range ``Range: bytes=a-b`` asks for, as a 206, or whole."""
+    asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+    if asked is None:
+        return web.Response(body=data, headers=headers)
+    first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
+    return web.Response(
+        status=206,
+        body=data[first : last + 1],
+        headers={"Content-Range": f"bytes {first}-{last}/{len(data)}", **headers},
+    )
+
+
 class FaultServer:
     """Routes that fail in each way a real server or network can, counting every hit."""
 
@@ -203,16 +216,7 @@ class FaultServer:
     async def ranged(self, request: web.Request) -> web.Response:
         """``/files/{name}`` that answers ``Range: bytes=a-b`` with 206 and that range."""
         self._hit(request)
-        data = self.files[request.match_info["name"]]
-        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
-        if asked is None:
-            return web.Response(body=data)
-        first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
-        return web.Response(
-            status=206,
-            body=data[first : last + 1],
-            headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
-        )
+        return _range(request, self.files[request.match_info["name"]], {})
 
     async def replaced(self, request: web.Request) -> web.Response:
         """``/ranged/{name}``, but from its ``after + 1``-st request on the file is
@@ -227,15 +231,7 @@ class FaultServer:
         wanted = request.headers.get("If-Match")
         if etags == "strong" and wanted is not None and wanted != tag["ETag"]:
             return web.Response(status=412)
-        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
-        if asked is None:
-            return web.Response(body=data, headers=tag)
-        first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
-        return web.Response(
-            status=206,
-            body=data[first : last + 1],
-            headers={"Content-Range": f"bytes {first}-{last}/{len(data)}", **tag},
-        )
+        return _range(request, data, tag)
 
     async def _half_file(self, request: web.Request) -> tuple[web.StreamResponse, bytes]:
         """The whole file's Content-Length, and its first half sent."""

@@ -425,7 +425,7 @@ def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str)
         return list(items)
 
     for collate in (cheap, costly):
-        data = AsyncData(48) if kind == "async" else SyncData(48)
+        data = _make(kind, 48, 0.0)
         with DataLoader(data, batch_size=8, collate_fn=collate, num_workers=1) as loader:
             assert [list(batch) for batch in loader] == [
                 list(range(s, s + 8)) for s in range(0, 48, 8)
@@ -453,7 +453,7 @@ def test_an_item_transform_cheaper_than_a_thread_hop_runs_in_its_lane(kind: str,
         return item * 10
 
     for transform in (cheap, costly):
-        data = AsyncData(48) if kind == "async" else SyncData(48)
+        data = _make(kind, 48, 0.0)
         with DataLoader(
             data,
             batch_size=8,

@@ -320,9 +320,8 @@ def test_a_cheap_transform_that_fails_in_its_lane_fails_its_batch_or_is_skipped(
         return item
 
     def loader(errors: str) -> DataLoader:
-        data = AsyncData(64) if kind == "async" else SyncData(64)
         return DataLoader(
-            data,
+            _dataset(kind, 64),
             batch_size=8,
             transform=transform,
             num_workers=1,
