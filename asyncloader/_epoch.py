@@ -92,23 +92,25 @@ class EpochContext:
         for processes may not be safe in two threads at once."""
         assert self.procs is not None
         async with self.starting:
-            if self.procs.ready:  # the workers started while this batch waited
-                return await self.in_process(indices, items)
-            # Started with the first batch: what they take of the CPU to start is less
-            # than what every batch made before they are ready would lose.
-            self.procs.start()
-            if items is None:
-                started = self.recorder.fetch_started(len(indices))
-                fetched: list[Any] | None = None
-                try:
-                    fetched = await self.on_cpu(
-                        fetch_or_skip, self.source.dataset, indices, self.skipper
-                    )
-                finally:
-                    self.recorder.fetch_done(started, fetched, len(indices))
-                items = fetched
-            kept, batch = await self.on_cpu(self.finish, indices, items)
-            return kept, batch if self.after is None else self.after(batch)
+            if not self.procs.ready:
+                # Started with the first batch: what they take of the CPU to start is less
+                # than what every batch made before they are ready would lose.
+                self.procs.start()
+                if items is None:
+                    started = self.recorder.fetch_started(len(indices))
+                    fetched: list[Any] | None = None
+                    try:
+                        fetched = await self.on_cpu(
+                            fetch_or_skip, self.source.dataset, indices, self.skipper
+                        )
+                    finally:
+                        self.recorder.fetch_done(started, fetched, len(indices))
+                    items = fetched
+                kept, batch = await self.on_cpu(self.finish, indices, items)
+                return kept, batch if self.after is None else self.after(batch)
+        # The workers started while this batch waited: it goes to them, and the batches
+        # behind it need not wait for it.
+        return await self.in_process(indices, items)
 
     @property
     def transforms_items(self) -> bool:

@@ -112,6 +112,27 @@ class HangsOnce(Images):
         return super().__getitem__(index)
 
 
+class Gated(Images):
+    """Item ``i`` of ``gated`` is made only once the file ``{folder}/{i}`` exists (at most 30
+    s later: then it fails), in whichever process makes it."""
+
+    def __init__(self, n: int, folder: str, gated: tuple[int, ...]) -> None:
+        super().__init__(n)
+        self.folder = folder
+        self.gated = gated
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if index in self.gated:
+            gate = os.path.join(self.folder, str(index))
+            for _ in range(3000):
+                if os.path.exists(gate):
+                    break
+                threading.Event().wait(0.01)
+            else:
+                raise TimeoutError(f"item {index}: no {gate} within 30 s")
+        return super().__getitem__(index)
+
+
 class LoadsOnlyHere(Images):
     """Pickles, but cannot be unpickled in a worker process."""
 

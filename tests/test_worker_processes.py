@@ -149,6 +149,39 @@ def test_until_a_worker_is_ready_one_thread_runs_the_users_code() -> None:
     assert proc_data.most_at_once() == 1
 
 
+def test_batches_that_waited_for_the_workers_to_start_then_go_to_them_at_once(
+    tmp_path: Any,
+) -> None:
+    # Batch 0 is made here until the workers are ready; batches 1 and 2 wait behind it for
+    # that, and then both go to the worker: batch 1 is made only once batch 2 is there too.
+    data = proc_data.Gated(3, str(tmp_path), gated=(0, 1))
+    with DataLoader(data, batch_size=1, num_workers=3, cpu_processes=1) as loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        seen: list[int] = []
+
+        def open_gates() -> None:
+            assert procs.wait_ready(30.0)
+            (tmp_path / "0").touch()
+            for _ in range(1000):  # until batches 1 and 2 are both sent, or 10 s
+                seen.append(procs._busy)
+                if procs._busy >= 2:
+                    break
+                threading.Event().wait(0.01)
+            (tmp_path / "1").touch()
+
+        opener = threading.Thread(target=open_gates)
+        opener.start()
+        try:
+            batches = list(loader)
+        finally:
+            opener.join(40.0)
+    assert [int(batch[0, 0, 0, 0]) for batch in batches] == [
+        int(data[i][0, 0, 0]) for i in range(3)
+    ]
+    assert seen[-1] >= 2, f"batch 2 waited for batch 1's job: jobs in the workers {seen[-5:]}"
+
+
 def test_the_dataset_is_pickled_once_whatever_the_epochs() -> None:
     proc_data.CountsPickles.pickled = 0
     with DataLoader(proc_data.CountsPickles(12), batch_size=4, cpu_processes=2) as loader:
