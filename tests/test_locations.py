@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
@@ -117,3 +118,36 @@ def test_locations_kinds_and_lengths() -> None:
 def test_a_url_value_is_escaped_exactly_as_quote_does(value: str) -> None:
     # The fast path for ASCII letters and digits keeps what quote() would keep.
     assert _url_escape(value) == quote(value, safe="")
+
+
+DIGIT_SPECS = ["", "d", "08d", "0", "x", "04X", "o", "b"]
+"""Specs that write an index as digits alone (the one-call rendering's); others do not."""
+
+
+def _outcome(locations: Locations, index: int) -> tuple[str, object]:
+    try:
+        return "ok", locations[index]
+    except Exception as error:
+        return "error", type(error)
+
+
+@pytest.mark.parametrize("target", ["url", "path", "key"])
+@given(
+    literals=st.lists(st.sampled_from([*PIECES, "{{", "}}", "", "/"]), min_size=1, max_size=4),
+    specs=st.lists(st.sampled_from([*DIGIT_SPECS, "5", "+d", ",", "c"]), max_size=3),
+    index=st.integers(0, 10**7),
+)
+def test_an_index_written_as_digits_renders_as_the_general_path_does(
+    target: str, literals: list[str], specs: list[str], index: int
+) -> None:
+    # The one-call rendering is taken only where it gives what the general one gives.
+    fields = [f"{{index:{spec}}}" for spec in specs]
+    pattern = "".join(a + b for a, b in itertools.zip_longest(literals, fields, fillvalue=""))
+    try:
+        fast = Locations(Template(pattern), target, length=index + 1)  # type: ignore[arg-type]
+    except ValueError:
+        return
+    general = Locations(Template(pattern), target, length=index + 1)  # type: ignore[arg-type]
+    general._digits = None
+    assert (fast._digits is not None) == all(spec in DIGIT_SPECS for spec in specs)
+    assert _outcome(fast, index) == _outcome(general, index)

@@ -13,6 +13,7 @@ A rendered template whose values make a ``.`` or ``..`` component (in a URL, als
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -23,6 +24,10 @@ from ._redact import redact_text
 Target = Literal["url", "path", "key"]
 
 _FORBIDDEN_IN_COMPONENT = ("/", "\\", "\x00")
+
+_DIGITS_SPEC = re.compile(r"(0[0-9]*)?[dxXob]?")
+"""A format spec that writes a non-negative int as ASCII digits (or hex letters) alone: no
+sign, fill, alignment, grouping or prefix."""
 
 
 def _is_sequence(value: object) -> bool:
@@ -97,6 +102,21 @@ class Template:
     def _value(self, field: str, index: int) -> Any:
         column = self.columns[field]
         return column[index] if _is_sequence(column) else column  # type: ignore[index]
+
+    def digits_pattern(self) -> str | None:
+        """The pattern as a :meth:`str.format` string of the index alone, when ``{index}`` is
+        its only field and every spec of it writes digits alone; else ``None``.
+
+        Such a location needs no escaping (every target keeps digits and hex letters as they
+        are) and its value can make no ``.``/``..`` component, so it is rendered in one call.
+        """
+        if not all(f in (None, "index") and _DIGITS_SPEC.fullmatch(s) for _, f, s in self._parts):
+            return None
+        return "".join(
+            literal.replace("{", "{{").replace("}", "}}")
+            + ("" if field is None else f"{{0:{spec}}}")
+            for literal, field, spec in self._parts
+        )
 
     def fields(self) -> set[str]:
         """The column names the pattern uses (without ``index``)."""
@@ -194,6 +214,8 @@ class Locations:
         self._template: Template | None = None
         self._function: Callable[[int], Location] | None = None
         self._dots = 0
+        self._digits: str | None = None
+        """The template as one format string, when its only value is the index as digits."""
         self._relative: str | None = None
         """A path/key pattern whose literal start is relative: its values may not make it
         absolute (an empty first value before a '/', or ``{index:c}`` rendering one)."""
@@ -207,6 +229,7 @@ class Locations:
             if target != "url":
                 source.check_values(resolved)
             self.length = resolved
+            self._digits = source.digits_pattern()
             # The pattern's own '.'/'..' components are the user's; values may add none.
             shape = source.render(0, lambda value: "x")[0]
             self._dots = _dot_components(shape, target)
@@ -233,6 +256,12 @@ class Locations:
     def __len__(self) -> int:
         return self.length
 
+    @property
+    def digits_pattern(self) -> str | None:
+        """The template as one format string of the index, when that is its only value and
+        it is written as digits alone (:meth:`Template.digits_pattern`); else ``None``."""
+        return self._digits
+
     def __getitem__(self, index: int) -> Location:
         """The location of item ``index``.
 
@@ -242,6 +271,11 @@ class Locations:
         """
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} is out of range for {self.length} items")
+        if self._digits is not None:
+            rendered = self._digits.format(index)
+            if self._relative is not None:
+                self._check_relative(index, rendered)
+            return rendered
         if self._template is not None:
             rendered, dotted = self._template.render(index, self._escape)
             # Values can only make a '.'/'..' component with a '.' (or an empty value next to
