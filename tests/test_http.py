@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
+import itertools
 import logging
 import socket
 from typing import Any
 
 import pytest
+import yarl
+from hypothesis import given
+from hypothesis import strategies as st
 
 from asyncloader import DataLoader, HttpDataset, Retry, Template
+from asyncloader.datasets._fast_urls import path_urls
+from asyncloader.datasets._locations import Locations
 
 from .servers import FaultServer, body
 
@@ -260,3 +266,66 @@ def test_a_hostile_server_cannot_make_the_loader_hold_more_than_its_limits(
             next(iterator)
         with pytest.raises(ValueError, match="max_bytes"):  # cut off at 1 MiB of 100 MB
             next(iterator)
+
+
+URL_PIECES = [*"/-._~aZ09 %?#@:;=&+!$'()*,\u00e9", "..", "%2e", "%41", "%zz", "//", "{{", "}}"]
+
+
+@given(
+    origin=st.sampled_from(["http://127.0.0.1:8080", "https://example.com", "http://h:443"]),
+    literals=st.lists(st.lists(st.sampled_from(URL_PIECES), max_size=4).map("".join), max_size=3),
+    specs=st.lists(st.sampled_from(["", "d", "06d", "x", "04X", "o", "b", "5", ","]), max_size=3),
+    index=st.integers(0, 10**9),
+)
+def test_a_template_url_built_without_a_parse_is_the_one_a_parse_gives(
+    origin: str, literals: list[str], specs: list[str], index: int
+) -> None:
+    path = "".join(
+        a + b
+        for a, b in itertools.zip_longest(literals, [f"{{index:{s}}}" for s in specs], fillvalue="")
+    )
+    try:
+        locations = Locations(Template(f"{origin}/{path}"), "url", length=index + 1)
+        url = locations[index]
+    except ValueError:  # refused, or its values make a '.' component: no URL to build
+        return
+    urls = path_urls(locations)
+    if urls is None:
+        return
+    assert isinstance(url, str)
+    built, parsed = urls(url), yarl.URL(url)
+    assert built == parsed
+    assert str(built) == str(parsed) == url
+    assert (built.scheme, built.raw_host, built.port, built.raw_path_qs) == (
+        parsed.scheme,
+        parsed.raw_host,
+        parsed.port,
+        parsed.raw_path_qs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pattern", "built"),
+    [
+        ("http://127.0.0.1:8080/samples/{index}", True),
+        ("https://example.com/train/{index:08d}.jpg", True),
+        ("https://example.com/{index:x}/{index}", True),
+        ("https://Example.com/{index}", False),  # a parse lowers the host
+        ("http://h:80/{index}", False),  # and drops a default port
+        ("http://h/a b/{index}", False),
+        ("http://h/a%20b/{index}", False),
+        ("http://h/a/../{index}", False),
+        ("http://h/{index}?part=1", False),
+        ("http://h/{index}#top", False),
+        ("http://user:secret@h/{index}", False),
+        ("http://h{index}.example.com/x", False),  # the index in the host
+        ("http://h/{index:5}", False),  # padded with spaces
+        ("http://h/{split}/{index}", False),
+    ],
+)
+def test_only_urls_that_a_parse_leaves_as_they_are_are_built_without_one(
+    pattern: str, built: bool
+) -> None:
+    columns = {"split": "train"} if "{split}" in pattern else {}
+    dataset = HttpDataset(Template(pattern, **columns), length=3)
+    assert (dataset._urls is not None) is built

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._settings import check_int, check_timeout
+from ._fast_urls import path_urls
 from ._locations import Locations
 from ._ranges import RangeFile
 from ._redact import redact_text, redact_url
@@ -177,6 +178,7 @@ class HttpDataset:
         self._aiohttp: Any = aiohttp
         self._url: Any = yarl.URL
         self.locations = Locations(locations, "url", length)
+        self._urls = path_urls(self.locations)
         if headers is not None and not isinstance(headers, Mapping):
             raise TypeError(f"headers must be a mapping of str to str, got {type(headers)}")
         self.headers = dict(headers or {})
@@ -230,7 +232,8 @@ class HttpDataset:
         url = self.locations[index]
         assert isinstance(url, str)
         session = self._current() or await self._open_session()
-        return await retrying(self.retry, lambda: self._attempt(session, url))
+        target = url if self._urls is None else self._urls(url)
+        return await retrying(self.retry, lambda: self._attempt(session, url, target=target))
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """Item ``index``'s body, chunk by chunk into ``sink`` (which may wait, pausing the
@@ -346,11 +349,13 @@ class HttpDataset:
         consume: Any = None,
         timeout: Any = None,
         extra: dict[str, str] | None = None,
+        target: str | yarl.URL | None = None,
     ) -> Any:
+        """One GET of ``url`` (``target``: the same URL, parsed already), redirects followed."""
         aiohttp = self._aiohttp
         consume = consume or self._body
         try:
-            target: str | yarl.URL = url
+            target = url if target is None else target
             # ``extra`` (a Range) is about the resource, not a credential: it goes everywhere.
             headers = {**self.headers, **extra} if extra else self.headers or None
             for hop in range(self.max_redirects + 1):
