@@ -113,6 +113,16 @@ class Shard:
         self._items.append(item)
         self._ready.set()
 
+    def put_all(self, items: list[Any]) -> None:
+        """:meth:`put` each of ``items``, in order (a chunk's samples)."""
+        if self._keep is not None or self._skip:
+            for item in items:
+                self.put(item)
+        elif items:
+            self._place += len(items)
+            self._items.extend(items)
+            self._ready.set()
+
     def skip_ahead(self, count: int) -> bool:
         """Drop ``count`` samples unread if all of them are still to be skipped (a resumed
         walk's whole row group, say); whether they were."""
@@ -148,8 +158,7 @@ def tar_producer(
         parser = TarParser(shard.name, max_bytes)
 
         async def sink(chunk: Any) -> None:
-            for sample in parser.feed(chunk):
-                shard.put(sample)
+            shard.put_all(parser.feed(chunk))
             # A stream that goes on past the archive's end is not read to its end, which
             # may never come (tarfile's stream mode stops there too).
             if parser.error is not None or parser.ended:
@@ -161,8 +170,7 @@ def tar_producer(
         except _Stop:
             pass
         else:
-            for sample in parser.close():
-                shard.put(sample)
+            shard.put_all(parser.close())
         if parser.error is not None:
             raise parser.error
 

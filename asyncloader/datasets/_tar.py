@@ -57,6 +57,10 @@ _FIRST: Final = "(the first header)"
 _SIGNED: Final = struct.Struct("148b8x356b")
 
 
+_Header = tuple[str, int, bytes, tuple[str, str] | None]
+"""A member's name, size, type, and its key and extension if it is a sample's."""
+
+
 class ShardError(OSError):
     """A shard could not be read to its end: its remaining samples are lost."""
 
@@ -158,7 +162,7 @@ class TarParser:
         self._ended = False
         self._sample: dict[str, Any] | None = None
         self._member = _FIRST
-        self._header: tuple[str, int, bytes, tuple[str, str] | None] | None = None
+        self._header: _Header | None = None
         """The header whose data is awaited: its name, size, type, key and extension."""
         self._global: dict[str, str] = {}
         self._local: dict[str, str] = {}
@@ -265,12 +269,26 @@ class TarParser:
                     return
                 self._unit(memoryview(partial), 0)
                 partial.clear()
+            # A header and its member's data in one step, so long as both are in the chunk.
             while not self._ended:
-                needed = self._needed()
+                header = self._header
+                if header is None:
+                    if end - at < BLOCK:
+                        partial += view[at:]
+                        return
+                    block = view[at : at + BLOCK].tobytes()
+                    at += BLOCK
+                    if block == ZEROS:
+                        self._end_archive()
+                        return
+                    header = self._header = self._read_header(block)
+                size = header[1]
+                needed = size + -size % BLOCK
                 if end - at < needed:
                     partial += view[at:]
                     return
-                self._unit(view, at)
+                self._header = None
+                self._member_done(header, view[at : at + size].tobytes())
                 at += needed
 
     def _unit(self, view: memoryview, at: int) -> None:
@@ -282,11 +300,10 @@ class TarParser:
             else:
                 self._header = self._read_header(block)
             return
-        name, size, kind, parts = self._header
-        self._header = None
-        self._member_done(name, kind, parts, view[at : at + size].tobytes())
+        header, self._header = self._header, None
+        self._member_done(header, view[at : at + header[1]].tobytes())
 
-    def _read_header(self, block: bytes) -> tuple[str, int, bytes, tuple[str, str] | None]:
+    def _read_header(self, block: bytes) -> _Header:
         """The member's name, size, type, and its key and extension if it is a sample's."""
         unsigned = unsigned_checksum(block)
         if block[148:156] == b"%06o\0 " % unsigned:  # as tarfile writes it: nothing to parse
@@ -301,19 +318,24 @@ class TarParser:
                 "(its checksum does not match)"
             )
         kind = block[156:157]
-        name = self._long_name or self._local.get("path") or self._global.get("path")
+        local = self._local
+        # Long names and pax records, where there are any, name (and size) the member.
+        extended = self._long_name is not None or local or self._global
+        name = None
+        if extended:
+            name = self._long_name or local.get("path") or self._global.get("path")
         if name is None:
             name = _text(block[0:100])
             if block[345] and kind not in (b"L", b"K", b"S"):  # a ustar prefix
                 name = _text(block[345:500]) + "/" + name
         self._member = name
         size = _number(block[124:136])
-        pax_size = self._local.get("size") or self._global.get("size")
-        if pax_size is not None and kind not in _NAMES:
-            size = int(pax_size) if _PAX_SIZE.fullmatch(pax_size) else None
+        if extended:
+            pax_size = local.get("size") or self._global.get("size")
+            if pax_size is not None and kind not in _NAMES:
+                size = int(pax_size) if _PAX_SIZE.fullmatch(pax_size) else None
         if size is None:
             raise self._fail(name, "has an invalid size field")
-        local = self._local
         if kind == b"S" or (local and any(key.startswith("GNU.sparse") for key in local)):
             raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
         limit = self.max_bytes
@@ -331,23 +353,11 @@ class TarParser:
             raise self._fail(name, f"has a {size}-byte extended header")
         return name, size, kind, parts
 
-    def _member_done(
-        self, name: str, kind: bytes, parts: tuple[str, str] | None, data: bytes
-    ) -> None:
-        if kind == b"K":  # a long link name: for a link, which is passed over
+    def _member_done(self, header: _Header, data: bytes) -> None:
+        name, _, kind, parts = header
+        if parts is None and self._extended_header(name, kind, data):
             return
-        if kind == b"L":
-            self._long_name = _text(data)
-            return
-        if kind in (b"x", b"g"):
-            records = self._pax(name, data)
-            # Records add up (the global ones for the whole archive, the local ones until
-            # their member), so their bound is on them all, not on each header.
-            self._held[kind == b"x"] += len(data)
-            if sum(self._held) > self._extended:
-                raise self._fail(name, f"has extended headers of over {self._extended} bytes")
-            (self._local if kind == b"x" else self._global).update(records)
-            return
+        # A member: the long name and local pax records before it were its own.
         self._long_name = None
         if self._held[1]:
             self._local, self._held[1] = {}, 0
@@ -362,6 +372,24 @@ class TarParser:
         elif extension in sample:
             raise self._fail(name, f"is a second {extension!r} in sample {key!r}")
         sample[extension] = data
+
+    def _extended_header(self, name: str, kind: bytes, data: bytes) -> bool:
+        """Take in a header that names (or sizes) the member after it; whether it was one."""
+        if kind == b"K":  # a long link name: for a link, which is passed over
+            return True
+        if kind == b"L":
+            self._long_name = _text(data)
+            return True
+        if kind in (b"x", b"g"):
+            records = self._pax(name, data)
+            # Records add up (the global ones for the whole archive, the local ones until
+            # their member), so their bound is on them all, not on each header.
+            self._held[kind == b"x"] += len(data)
+            if sum(self._held) > self._extended:
+                raise self._fail(name, f"has extended headers of over {self._extended} bytes")
+            (self._local if kind == b"x" else self._global).update(records)
+            return True
+        return False
 
     def _pax(self, name: str, data: bytes) -> dict[str, str]:
         records: dict[str, str] = {}
