@@ -140,7 +140,9 @@ class HttpDataset:
 
     Args:
         locations: A list of URLs, a function of the index, or a
-            :class:`~asyncloader.Template` (values are percent-encoded).
+            :class:`~asyncloader.Template` (values are percent-encoded). A template whose
+            only field is ``{index}`` costs least per request: each URL is built from the
+            origin, parsed once (where a parse would leave the URL as it is).
         length: The number of items, for a function or a template of scalars only.
         headers: Headers sent with every request to the locations' origins (never written to
             messages or logs, never sent to another origin).
