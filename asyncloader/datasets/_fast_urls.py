@@ -60,9 +60,10 @@ def path_urls(locations: Locations) -> PathUrls | None:
         or parsed.raw_fragment
     ):
         return None
-    origin = str(parsed.origin())
-    if "{" in origin or not pattern.startswith(origin + "/"):
+    origin = parsed.origin()
+    shown = str(origin)
+    if "{" in shown or not pattern.startswith(shown + "/"):
         return None
-    if not set(_FIELD.sub("", pattern[len(origin) :])) <= _KEPT:
+    if not set(_FIELD.sub("", pattern[len(shown) :])) <= _KEPT:
         return None
-    return PathUrls(parsed.origin(), len(origin))
+    return PathUrls(origin, len(shown))

@@ -6,7 +6,7 @@ import datetime
 import re
 from typing import TYPE_CHECKING, Any, Final
 
-from ._http import _check_max_bytes
+from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
 from ._ranges import RangeFile
 from ._redact import redact_text, redact_url
@@ -300,8 +300,8 @@ class ObjectStoreDataset:
                 return obstore.get(self.store, location, options=options).bytes()
             except PreconditionError:
                 raise OSError(
-                    f"GET {location} [{start}:]: the object changed while it was read (its "
-                    "ETag no longer matches the one its size was checked with)"
+                    f"GET {location} [{start}:]: {_CHANGED} (its ETag no longer matches the "
+                    "one its size was checked with)"
                 ) from None
             except Exception as error:
                 raise _translate(error, f"GET {location} [{start}:]") from None

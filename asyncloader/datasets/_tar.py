@@ -259,49 +259,44 @@ class TarParser:
         """Parse ``chunk`` in place; only a unit cut by its end is copied aside, and each
         member's data is copied once, into its sample."""
         with memoryview(chunk) as view:
-            at, end = 0, len(view)
+            at = 0
             partial = self._partial
             if partial:  # the unit the last chunk cut: complete it first
-                take = min(self._needed() - len(partial), end)
+                take = min(self._needed() - len(partial), len(view))
                 partial += view[:take]
                 at = take
                 if len(partial) < self._needed():
                     return
-                self._unit(memoryview(partial), 0)
+                with memoryview(partial) as cut:
+                    self._units(cut, 0)
                 partial.clear()
-            # A header and its member's data in one step, so long as both are in the chunk.
-            while not self._ended:
-                header = self._header
-                if header is None:
-                    if end - at < BLOCK:
-                        partial += view[at:]
-                        return
-                    block = view[at : at + BLOCK].tobytes()
-                    at += BLOCK
-                    if block == ZEROS:
-                        self._end_archive()
-                        return
-                    header = self._header = self._read_header(block)
-                size = header[1]
-                needed = size + -size % BLOCK
-                if end - at < needed:
-                    partial += view[at:]
-                    return
-                self._header = None
-                self._member_done(header, view[at : at + size].tobytes())
-                at += needed
+            at = self._units(view, at)
+            if not self._ended:
+                partial += view[at:]
 
-    def _unit(self, view: memoryview, at: int) -> None:
-        """The header, or the member's data, at ``view[at:]`` (all of it is there)."""
-        if self._header is None:
-            block = view[at : at + BLOCK].tobytes()
-            if block == ZEROS:
-                self._end_archive()
-            else:
-                self._header = self._read_header(block)
-            return
-        header, self._header = self._header, None
-        self._member_done(header, view[at : at + header[1]].tobytes())
+    def _units(self, view: memoryview, at: int) -> int:
+        """Read the whole units (headers, members' data) in ``view[at:]``, a header and its
+        member's data in one step; where the first unit that is not whole begins."""
+        end = len(view)
+        while not self._ended:
+            header = self._header
+            if header is None:
+                if end - at < BLOCK:
+                    return at
+                block = view[at : at + BLOCK].tobytes()
+                at += BLOCK
+                if block == ZEROS:
+                    self._end_archive()
+                    return at
+                header = self._header = self._read_header(block)
+            size = header[1]
+            needed = size + -size % BLOCK
+            if end - at < needed:
+                return at
+            self._header = None
+            self._member_done(header, view[at : at + size].tobytes())
+            at += needed
+        return at
 
     def _read_header(self, block: bytes) -> _Header:
         """The member's name, size, type, and its key and extension if it is a sample's."""
