@@ -53,6 +53,7 @@ class BatchFetch:
         self.size = len(indices)
         self.position = position
         """The batch's place in the epoch: its pool jobs' priority."""
+        self._transforms = context.transforms_items
         self.items: list[Any] = [SKIPPED] * len(indices)
         self.errors: list[tuple[int, BaseException]] = []
         self.stopped = False
@@ -81,10 +82,10 @@ class BatchFetch:
     def stores(self, position: int, item: Any) -> bool:
         """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
         it), or hand it to the CPU pool for its transform, which ends it."""
-        context = self.context
-        if not context.transforms_items:
+        if not self._transforms:
             self.items[position] = item
             return True
+        context = self.context
         if context.cheap_transform():  # cheaper than the hop to a CPU thread: here
             self._transform_here(position, item)
             return True
@@ -105,7 +106,7 @@ class BatchFetch:
         """The fetch of the item at ``position`` failed after ``seconds``: count it; drop the
         item under ``errors="skip"``, or keep the failure for the batch (no more of its items
         are taken). The item has not ended: the caller ends it."""
-        self.context.recorder.lane_item(seconds, None, fetched=False)
+        self.context.recorder.lane_failed(seconds)
         if not isinstance(error, asyncio.CancelledError):
             self._failed(position, error)
 

@@ -303,13 +303,18 @@ class Recorder:
         out of work, not per item."""
         self.calls_started(lanes, lanes)
 
-    def lane_item(self, seconds: float, item: Any, fetched: bool = True) -> None:
-        """A lane's item arrived after ``seconds`` (``fetched=False``: its fetch failed)."""
-        size = len(item) if fetched and _is_bytes_like(item) else 0
+    def lane_item(self, seconds: float, item: Any) -> None:
+        """A lane's item arrived after ``seconds``."""
+        size = len(item) if type(item) is bytes or _is_bytes_like(item) else 0
         with self._lock:
             self.fetch.add(seconds)
-            self.items += fetched
+            self.items += 1
             self.bytes += size
+
+    def lane_failed(self, seconds: float) -> None:
+        """A lane's fetch failed after ``seconds``."""
+        with self._lock:
+            self.fetch.add(seconds)
 
     def _call_ended(self, started: float, requested: int, fetched: int, size: int) -> None:
         elapsed = time.perf_counter() - started

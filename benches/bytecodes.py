@@ -11,7 +11,7 @@ Workloads: ``b`` is (b) at 256 in flight, 2,000 items (the bare aiohttp loop, an
 at 16x16 and 64x4); ``h`` is (h)'s 16 shards over HTTP (the bare streaming loop, TarShards
 under ``async for``, and the loader).
 
-Run: ``.venv/bin/python benches/bytecodes.py [b|h] [system ...]``.
+Run: ``.venv/bin/python benches/bytecodes.py [b|h] [system ...] [--top N]``.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("workload", choices=sorted(SYSTEMS))
     parser.add_argument("systems", nargs="*")
+    parser.add_argument("--top", type=int, default=12, help="the functions shown")
     args = parser.parse_args()
     shards = args.workload == "h"
     per = SHARDS * 1000 if shards else ITEMS
@@ -135,7 +136,7 @@ def main() -> None:
                 files[_shown(path)] += count
             for name, count in files.most_common(12):
                 print(f"  {count / per:8.1f}  {name}")
-            for (name, function), count in counter.functions.most_common(12):
+            for (name, function), count in counter.functions.most_common(args.top):
                 print(f"  {count / per:8.1f}  {name}: {function}")
 
 

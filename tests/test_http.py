@@ -293,7 +293,7 @@ def test_a_template_url_built_without_a_parse_is_the_one_a_parse_gives(
     if urls is None:
         return
     assert isinstance(url, str)
-    built, parsed = urls(url), yarl.URL(url)
+    built, parsed = urls(index), yarl.URL(url)
     assert built == parsed
     assert str(built) == str(parsed) == url
     assert (built.scheme, built.raw_host, built.port, built.raw_path_qs) == (

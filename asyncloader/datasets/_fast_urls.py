@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
-from ._locations import Locations
+from ._locations import Locations, out_of_range
+
+if TYPE_CHECKING:
+    import yarl
 
 _KEPT: Final = frozenset(string.ascii_letters + string.digits + "-._~/")
 """Path characters a parse never changes (unreserved ones, and the separator)."""
@@ -25,16 +28,20 @@ _FIELD: Final = re.compile(r"\{0:[^{}]*\}")
 
 
 class PathUrls:
-    """``url -> yarl.URL`` for the URLs a template renders: its origin with the URL's path."""
+    """``index -> yarl.URL`` for a template's items: its origin with the item's path."""
 
-    __slots__ = ("_cut", "_origin")
+    __slots__ = ("_length", "_origin", "_path")
 
-    def __init__(self, origin: Any, cut: int) -> None:
+    def __init__(self, origin: yarl.URL, path: str, length: int) -> None:
         self._origin = origin
-        self._cut = cut
+        self._path = path
+        self._length = length
 
-    def __call__(self, url: str) -> Any:
-        return self._origin.with_path(url[self._cut :], encoded=True)
+    def __call__(self, index: int) -> yarl.URL:
+        """Item ``index``'s URL (``IndexError`` out of range, as :class:`Locations`)."""
+        if not 0 <= index < self._length:
+            raise out_of_range(index, self._length)
+        return self._origin.with_path(self._path.format(index), encoded=True)
 
 
 def path_urls(locations: Locations) -> PathUrls | None:
@@ -66,4 +73,4 @@ def path_urls(locations: Locations) -> PathUrls | None:
         return None
     if not set(_FIELD.sub("", pattern[len(shown) :])) <= _KEPT:
         return None
-    return PathUrls(origin, len(shown))
+    return PathUrls(origin, pattern[len(shown) :], len(locations))

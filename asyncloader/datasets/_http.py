@@ -231,11 +231,20 @@ class HttpDataset:
         return session
 
     async def __getitem__(self, index: int) -> bytes:
-        url = self.locations[index]
-        assert isinstance(url, str)
+        url: str | yarl.URL
+        if self._urls is None:
+            location = self.locations[index]
+            assert isinstance(location, str)
+            url = location
+        else:
+            url = self._urls(index)
         session = self._current() or await self._open_session()
-        target = url if self._urls is None else self._urls(url)
-        return await retrying(self.retry, lambda: self._attempt(session, url, target=target))
+        try:  # the first attempt is made here: the retry loop is a frame around it only after
+            body: bytes = await self._attempt(session, url)  # it failed
+            return body
+        except AttemptFailed as failure:
+            failed = failure
+        return await retrying(self.retry, lambda: self._attempt(session, url), failed)
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """Item ``index``'s body, chunk by chunk into ``sink`` (which may wait, pausing the
@@ -347,17 +356,16 @@ class HttpDataset:
     async def _attempt(
         self,
         session: aiohttp.ClientSession,
-        url: str,
+        url: str | yarl.URL,
         consume: Any = None,
         timeout: Any = None,
         extra: dict[str, str] | None = None,
-        target: str | yarl.URL | None = None,
     ) -> Any:
-        """One GET of ``url`` (``target``: the same URL, parsed already), redirects followed."""
+        """One GET of ``url`` (a string, or parsed already), redirects followed; the body, or
+        what ``consume(response, url)`` makes of the response."""
         aiohttp = self._aiohttp
-        consume = consume or self._body
         try:
-            target = url if target is None else target
+            target = url
             # ``extra`` (a Range) is about the resource, not a credential: it goes everywhere.
             headers = {**self.headers, **extra} if extra else self.headers or None
             for hop in range(self.max_redirects + 1):
@@ -381,7 +389,13 @@ class HttpDataset:
                             transient=status in TRANSIENT_STATUSES,
                             retry_after=_retry_after(response.headers.get("Retry-After")),
                         )
-                    return await consume(response, url)
+                    if consume is not None:
+                        return await consume(response, url)
+                    self._check_encoding(response, url)
+                    if self.max_bytes is None:
+                        return await response.read()
+                    self._check_declared(response, url)
+                    return await _read_at_most(response.content, self.max_bytes, url)
             raise AssertionError("unreachable: the last hop raises")  # pragma: no cover
         except AttemptFailed:
             raise
@@ -423,7 +437,9 @@ class HttpDataset:
                 transient=False,
             ) from None
 
-    def _redirect(self, response: aiohttp.ClientResponse, url: str, hop: int) -> yarl.URL:
+    def _redirect(
+        self, response: aiohttp.ClientResponse, url: str | yarl.URL, hop: int
+    ) -> yarl.URL:
         """Where a redirect leads, if it may be followed; else the item fails."""
         shown = redact_url(url)
         status = response.status
@@ -450,22 +466,16 @@ class HttpDataset:
             )
         return target
 
-    async def _body(self, response: aiohttp.ClientResponse, url: str) -> bytes:
-        self._check_encoding(response, url)
-        if self.max_bytes is None:
-            return await response.read()
-        self._check_declared(response, url)
-        return await _read_at_most(response.content, self.max_bytes, url)
-
-    def _check_encoding(self, response: aiohttp.ClientResponse, url: str) -> None:
-        encoding = response.headers.get("Content-Encoding", "").strip().lower()
-        if encoding not in DECODED_ENCODINGS:
+    def _check_encoding(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
+        encoding = response.headers.get("Content-Encoding")
+        if encoding is not None and encoding.strip().lower() not in DECODED_ENCODINGS:
+            encoding = encoding.strip().lower()
             raise AttemptFailed(
                 OSError(f"GET {redact_url(url)}: unsupported Content-Encoding {encoding[:40]!r}"),
                 transient=False,
             )
 
-    def _check_declared(self, response: aiohttp.ClientResponse, url: str) -> None:
+    def _check_declared(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
         """Refuse a body whose ``Content-Length`` is over ``max_bytes`` before reading it (an
         encoded one is checked as it is decoded)."""
         declared = response.content_length
@@ -536,7 +546,7 @@ def _status_error(status: int, shown: str) -> OSError:
     return OSError(message)
 
 
-async def _read_at_most(content: Any, max_bytes: int, url: str) -> bytes:
+async def _read_at_most(content: Any, max_bytes: int, url: str | yarl.URL) -> bytes:
     """Read a body of unknown or untrusted length, failing as soon as it passes the limit."""
     chunks: list[bytes] = []
     size = 0

@@ -30,6 +30,11 @@ _DIGITS_SPEC = re.compile(r"(0[0-9]*)?[dxXob]?")
 sign, fill, alignment, grouping or prefix."""
 
 
+def out_of_range(index: int, length: int) -> IndexError:
+    """The error for an item index outside ``range(length)``."""
+    return IndexError(f"index {index} is out of range for {length} items")
+
+
 def _is_sequence(value: object) -> bool:
     return (
         hasattr(value, "__len__")
@@ -270,7 +275,7 @@ class Locations:
             ValueError: The location has a ``.`` or ``..`` component.
         """
         if not 0 <= index < self.length:
-            raise IndexError(f"index {index} is out of range for {self.length} items")
+            raise out_of_range(index, self.length)
         if self._digits is not None:
             rendered = self._digits.format(index)
             if self._relative is not None:

@@ -8,10 +8,11 @@ from urllib.parse import urlsplit, urlunsplit
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its user, password, query string and fragment."""
+def redact_url(url: object) -> str:
+    """``url`` (a string, or a parsed URL) without its user, password, query string and
+    fragment."""
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(str(url))
         host = parts.hostname or ""
         if ":" in host:  # IPv6
             host = f"[{host}]"

@@ -94,18 +94,24 @@ def _final(failure: AttemptFailed, attempts: int) -> BaseException:
         return error
 
 
-async def retrying(retry: Retry, attempt: Callable[[], Awaitable[T]]) -> T:
-    """Await ``attempt()`` until it succeeds, fails for good, or the retries run out."""
-    attempts = 0
+async def retrying(
+    retry: Retry, attempt: Callable[[], Awaitable[T]], failed: AttemptFailed | None = None
+) -> T:
+    """Await ``attempt()`` until it succeeds, fails for good, or the retries run out;
+    ``failed``: the first attempt was made by the caller, and failed so."""
+    attempts = 0 if failed is None else 1
     while True:
-        attempts += 1
-        try:
-            return await attempt()
-        except AttemptFailed as failure:
-            if not failure.transient or attempts > retry.max_retries:
-                # `from None`: the client's own exception may hold a URL's query string.
-                raise _final(failure, attempts) from None
-            delay = retry.delay(attempts - 1, failure.retry_after)
+        if failed is None:
+            attempts += 1
+            try:
+                return await attempt()
+            except AttemptFailed as failure:
+                failed = failure
+        if not failed.transient or attempts > retry.max_retries:
+            # `from None`: the client's own exception may hold a URL's query string.
+            raise _final(failed, attempts) from None
+        delay = retry.delay(attempts - 1, failed.retry_after)
+        failed = None
         note_retry()
         await asyncio.sleep(delay)
 
