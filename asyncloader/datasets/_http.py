@@ -378,24 +378,23 @@ class HttpDataset:
                 )
                 async with request as response:
                     status = response.status
-                    if status in REDIRECTS:
-                        target = self._redirect(response, url, hop)
-                        if target.origin() != self._url(url).origin():
-                            headers = extra  # and only it again, wherever the chain goes next
-                        continue
-                    if not 200 <= status < 300:
+                    if 200 <= status < 300:
+                        if consume is not None:
+                            return await consume(response, url)
+                        self._check_encoding(response, url)
+                        if self.max_bytes is None:
+                            return await response.read()
+                        self._check_declared(response, url)
+                        return await _read_at_most(response.content, self.max_bytes, url)
+                    if status not in REDIRECTS:
                         raise AttemptFailed(
                             _status_error(status, redact_url(url)),
                             transient=status in TRANSIENT_STATUSES,
                             retry_after=_retry_after(response.headers.get("Retry-After")),
                         )
-                    if consume is not None:
-                        return await consume(response, url)
-                    self._check_encoding(response, url)
-                    if self.max_bytes is None:
-                        return await response.read()
-                    self._check_declared(response, url)
-                    return await _read_at_most(response.content, self.max_bytes, url)
+                    target = self._redirect(response, url, hop)
+                    if target.origin() != self._url(url).origin():
+                        headers = extra  # and only it again, wherever the chain goes next
             raise AssertionError("unreachable: the last hop raises")  # pragma: no cover
         except AttemptFailed:
             raise
