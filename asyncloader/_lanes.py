@@ -29,6 +29,7 @@ from ._epoch import EpochContext
 from ._pool import priority
 from ._skip import SKIPPED
 from ._source import fetch_item
+from ._stats import item_bytes
 
 
 def _wake(done: asyncio.Future[None]) -> None:
@@ -42,7 +43,9 @@ class BatchFetch:
 
     After a failure no more of its items are taken; under ``errors="skip"`` a failing item is
     dropped and the others go on. Once the batch is cancelled, none of its items is taken and
-    its transforms not yet begun are skipped.
+    its transforms not yet begun are skipped. Its items' fetches are counted in the
+    statistics together, once none of them is left in work (before the batch task wakes):
+    one update a batch, not one an item.
     """
 
     def __init__(
@@ -61,6 +64,11 @@ class BatchFetch:
         """Positions handed to lanes (the next one to take)."""
         self.pending = 0
         """Items taken whose fetch or transform has not ended."""
+        self.seconds: list[float] = []
+        """The durations of the fetches that gave an item (appends are atomic)."""
+        self.sizes: list[int] = []
+        """Their items' bytes."""
+        self._counted = False
         self._lock = lock
         """The lanes' lock: one for the lanes' queue and all its batches."""
         self._loop = asyncio.get_running_loop()
@@ -74,14 +82,21 @@ class BatchFetch:
         try:
             await self._done
         finally:
-            self.stopped = True  # cancelled: no more items, no more transforms
+            with self._lock:
+                self.stopped = True  # cancelled: no more items, no more transforms
+                if not self.pending:
+                    self._count_locked()
         if self.errors:
             raise min(self.errors, key=lambda pair: pair[0])[1]
         return self.items
 
-    def stores(self, position: int, item: Any) -> bool:
-        """The item at ``position`` arrived: store it and return ``True`` (the lane then ends
-        it), or hand it to the CPU pool for its transform, which ends it."""
+    def arrived(self, position: int, seconds: float, item: Any) -> bool:
+        """The item at ``position`` arrived after ``seconds``: count it, and store it and
+        return ``True`` (the lane then ends it), or hand it to the CPU pool for its
+        transform, which ends it."""
+        self.seconds.append(seconds)
+        # A call less for the built-in datasets' items, once per item.
+        self.sizes.append(len(item) if type(item) is bytes else item_bytes(item))
         if not self._transforms:
             self.items[position] = item
             return True
@@ -142,16 +157,24 @@ class BatchFetch:
             self.end_locked()
 
     def end_locked(self) -> None:
-        """:meth:`end`, with the lanes' lock held; the last item wakes the batch task."""
+        """:meth:`end`, with the lanes' lock held; the last item counts the batch's fetches
+        and wakes the batch task."""
         self.pending -= 1
-        if self.pending or not (self.errors or self.taken == self.size):
+        if self.pending or not (self.errors or self.taken == self.size or self.stopped):
             return
+        self._count_locked()
         if threading.get_ident() == self._loop_thread:  # an async lane: no wake-up write
             self._loop.call_soon(_wake, self._done)
             return
         # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_wake, self._done)
+
+    def _count_locked(self) -> None:
+        """Count the batch's fetches in the statistics, once (no item of it is in work)."""
+        if not self._counted:
+            self._counted = True
+            self.context.recorder.lane_items(self.seconds, self.sizes)
 
 
 class _Opened:
@@ -247,8 +270,7 @@ class Lanes:
                     if isinstance(error, asyncio.CancelledError):
                         raise
                     continue
-                recorder.lane_item(clock() - started, item)
-                if fetch.stores(position, item):
+                if fetch.arrived(position, clock() - started, item):
                     stored = fetch
         finally:
             if stored is not None:
@@ -323,9 +345,9 @@ class ThreadLanes:
                     work = following()
                     fetch.end()
                     continue
-                recorder.lane_item(clock() - started, item)
+                seconds = clock() - started
                 work = following()
-                if fetch.stores(position, item):
+                if fetch.arrived(position, seconds, item):
                     fetch.end()
         finally:
             if busy:

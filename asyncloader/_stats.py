@@ -73,6 +73,11 @@ class _Timing:
         self.total += seconds
         self.samples.append(seconds)
 
+    def add_all(self, durations: list[float]) -> None:
+        self.count += len(durations)
+        self.total += sum(durations)
+        self.samples.extend(durations)
+
     @property
     def mean(self) -> float | None:
         """The mean of the times added, ``None`` before the first."""
@@ -228,6 +233,11 @@ class LoaderStats:
         return "\n".join(lines)
 
 
+def item_bytes(item: object) -> int:
+    """The bytes of a bytes-like item (the built-in datasets'), else 0."""
+    return len(item) if _is_bytes_like(item) else 0  # type: ignore[arg-type]
+
+
 def _is_bytes_like(item: object) -> bool:
     # obstore's Bytes is matched by name, so that obstore need not be imported.
     return isinstance(item, _BYTES_LIKE) or type(item).__name__ == "Bytes"
@@ -286,7 +296,7 @@ class Recorder:
     def item_done(self, started: float, item: Any) -> None:
         """One item's call begun at ``started`` returned ``item``: :meth:`fetch_done` for
         one item, without building a list (it runs once per item on the loop thread)."""
-        self._call_ended(started, 1, 1, len(item) if _is_bytes_like(item) else 0)
+        self._call_ended(started, 1, 1, item_bytes(item))
 
     def calls_started(self, calls: int, items: int) -> None:
         """``calls`` dataset calls for ``items`` items began (negative: ended), counted in
@@ -303,13 +313,13 @@ class Recorder:
         out of work, not per item."""
         self.calls_started(lanes, lanes)
 
-    def lane_item(self, seconds: float, item: Any) -> None:
-        """A lane's item arrived after ``seconds``."""
-        size = len(item) if type(item) is bytes or _is_bytes_like(item) else 0
+    def lane_items(self, durations: list[float], sizes: list[int]) -> None:
+        """Items that lanes fetched, each in its duration, of these sizes in bytes (0: not
+        bytes-like): a batch's, counted once it has ended."""
         with self._lock:
-            self.fetch.add(seconds)
-            self.items += 1
-            self.bytes += size
+            self.fetch.add_all(durations)
+            self.items += len(durations)
+            self.bytes += sum(sizes)
 
     def lane_failed(self, seconds: float) -> None:
         """A lane's fetch failed after ``seconds``."""
@@ -357,8 +367,7 @@ class Recorder:
             return
         with self._lock:
             timing: _Timing = getattr(self, stage)
-            for seconds in durations:
-                timing.add(seconds)
+            timing.add_all(durations)
 
     def tally(self) -> Tally:
         """What this recorder holds, to be merged into another (a worker process's job)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 import uuid
@@ -70,6 +71,60 @@ async def test_retries_and_bytes_of_http_items_are_counted(server: FaultServer, 
     assert stats.retries == 3
     assert stats.items == 4
     assert stats.bytes == 10 + 9 + 20 + 9
+
+
+class Counted:
+    """Item ``i`` is ``i + 1`` bytes after a short random wait; counts the items returned."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.returned: list[int] = []
+        self.lock = threading.Lock()
+        self.rng = random.Random(0)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _item(self, index: int) -> bytes:
+        with self.lock:
+            self.returned.append(index)
+        return b"x" * (index + 1)
+
+
+class SyncCounted(Counted):
+    def __getitem__(self, index: int) -> bytes:
+        time.sleep(self.rng.random() * 0.002)
+        return self._item(index)
+
+
+class AsyncCounted(Counted):
+    async def __getitem__(self, index: int) -> bytes:
+        await asyncio.sleep(self.rng.random() * 0.002)
+        return self._item(index)
+
+
+@pytest.mark.parametrize("kind", [AsyncCounted, SyncCounted])
+@pytest.mark.parametrize("transform", [None, lambda i, x: x])
+def test_items_of_batches_left_behind_are_counted_once_fetched(
+    kind: type[Counted], transform: Any
+) -> None:
+    # A batch's fetches are counted together once none is left in work: a batch the consumer
+    # never takes is counted too, with what it fetched before it was cancelled.
+    data = kind(64)
+    with DataLoader(
+        data,
+        batch_size=4,
+        collate_fn=list,
+        transform=transform,
+        num_workers=4,
+        item_concurrency=3,
+    ) as loader:
+        for _ in loader:
+            break
+    stats = loader.stats()
+    assert stats.items == len(data.returned) >= 4
+    assert stats.bytes == sum(index + 1 for index in data.returned)
+    assert stats.fetch.count >= stats.items
 
 
 def test_failed_batches_are_counted_as_errors() -> None:
