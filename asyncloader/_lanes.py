@@ -45,7 +45,8 @@ class BatchFetch:
     dropped and the others go on. Once the batch is cancelled, none of its items is taken and
     its transforms not yet begun are skipped. Its items' fetches are counted in the
     statistics together, once none of them is left in work (before the batch task wakes):
-    one update a batch, not one an item.
+    one update a batch, not one an item. The recorder's lock is taken inside the lanes' lock
+    for it, never the other way.
     """
 
     def __init__(

@@ -101,7 +101,9 @@ class LoaderStats:
     """A snapshot of a loader's statistics since it was built (or last reset).
 
     Attributes:
-        fetch: Dataset calls (one per item, or one per batch when a batch is one call).
+        fetch: Dataset calls (one per item, or one per batch when a batch is one call). An
+            item fetched on its own is counted here, in ``items`` and in ``bytes`` once none
+            of its batch's items is left in work (a failed fetch at once).
         transform: Transform calls, one per item.
         collate: Collate calls, one per batch.
         permit_wait: The driver's waits for room in the window that began while a finished
