@@ -145,10 +145,19 @@ def test_redirect_loops_are_bounded(server: FaultServer) -> None:
     assert server.hits["/redirect/loop"] == 4
 
 
-def test_an_index_out_of_range_is_an_index_error(server: FaultServer) -> None:
-    data = HttpDataset([server.url + "/ok/1"])
-    with pytest.raises(IndexError):
-        data.locations[1]
+@pytest.mark.parametrize("kind", ["list", "template"])
+async def test_an_index_out_of_range_is_an_index_error(server: FaultServer, kind: str) -> None:
+    data = (
+        HttpDataset([server.url + "/ok/0"])
+        if kind == "list"
+        else HttpDataset(Template(server.url + "/ok/{index}"), length=1)
+    )
+    assert (data._urls is not None) is (kind == "template")  # the URLs built from the index
+    for index in (1, -1):
+        with pytest.raises(IndexError, match=f"index {index} is out of range for 1 items"):
+            await data[index]
+    assert await data[0] == body(0)
+    await data.aclose()
 
 
 @pytest.mark.parametrize("how", ["userinfo", "header"])
