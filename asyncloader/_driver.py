@@ -269,7 +269,9 @@ async def _drive(context: EpochContext, batches: EpochBatches, handoff: Handoff)
             waits.append(opener)
         for task in waits:
             task.cancel()
-        if waits:
-            await asyncio.wait(waits)
-        if fetcher is not None:
-            await fetcher.aclose()
+        try:
+            if waits:
+                await asyncio.wait(waits)
+        finally:  # a second cancellation while the batches end still cancels the lanes
+            if fetcher is not None:
+                await fetcher.aclose()

@@ -308,9 +308,11 @@ class AsyncEpochIterator:
                 self._recorder.epoch_ended()
 
     def _abandon(self) -> None:
-        """Cancel the epoch without waiting (from any thread)."""
+        """Cancel the epoch without waiting (from any thread), once: an iterator abandoned
+        in its consumer's cancellation is abandoned again when it is collected."""
+        was_open = getattr(self, "_open", False)
         self._end()
-        if getattr(self, "_pid", None) != os.getpid():
+        if not was_open or getattr(self, "_pid", None) != os.getpid():
             return
         task = getattr(self, "_task", None)
         if task is None or task.done():

@@ -119,6 +119,34 @@ async def test_an_abandoned_async_epoch_cancels_requests_in_flight(how: str) -> 
     assert data.closed
 
 
+async def test_a_second_cancellation_while_an_epoch_ends_still_cancels_its_requests() -> None:
+    # An abandoned iterator cancels its epoch, and again when it is collected: a cancellation
+    # that came while the batches were ending skipped the lanes' and left their requests.
+    data = _FirstBatchFast(1000)
+    loader = DataLoader(data, batch_size=4, num_workers=4, item_concurrency=4)
+    iterator = aiter(loader)
+    assert (await anext(iterator)).tolist() == [0, 1, 2, 3]
+    await eventually(lambda: data.probe.in_flight >= 16)
+    driver = iterator._task  # type: ignore[attr-defined]
+    driver.cancel()
+
+    def batches_left() -> bool:
+        names = (getattr(task.get_coro(), "__name__", "") for task in asyncio.all_tasks())
+        return "process_batch" in names
+
+    for _ in range(10_000):  # the driver ends them: step the loop a round at a time till then
+        if not batches_left():
+            break
+        await asyncio.sleep(0)
+    assert not batches_left()
+    assert not driver.done()
+    driver.cancel()
+    await asyncio.wait([driver])
+    await eventually(lambda: data.probe.in_flight == 0)
+    assert data.probe.cancelled == len(data.probe.started) - 4
+    await loader.aclose()
+
+
 def test_close_releases_threads_and_thread_count_stays_constant(no_leaked_threads: None) -> None:
     baseline = len(threading.enumerate())
     loader = DataLoader(
