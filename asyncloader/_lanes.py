@@ -122,7 +122,7 @@ class BatchFetch:
         """The fetch of the item at ``position`` failed after ``seconds``: count it; drop the
         item under ``errors="skip"``, or keep the failure for the batch (no more of its items
         are taken). The item has not ended: the caller ends it."""
-        self.context.recorder.lane_failed(seconds)
+        self.context.recorder.add("fetch", seconds)
         if not isinstance(error, asyncio.CancelledError):
             self._failed(position, error)
 

@@ -323,11 +323,6 @@ class Recorder:
             self.items += len(durations)
             self.bytes += sum(sizes)
 
-    def lane_failed(self, seconds: float) -> None:
-        """A lane's fetch failed after ``seconds``."""
-        with self._lock:
-            self.fetch.add(seconds)
-
     def _call_ended(self, started: float, requested: int, fetched: int, size: int) -> None:
         elapsed = time.perf_counter() - started
         with self._lock:

@@ -467,8 +467,10 @@ class HttpDataset:
 
     def _check_encoding(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
         encoding = response.headers.get("Content-Encoding")
-        if encoding is not None and encoding.strip().lower() not in DECODED_ENCODINGS:
-            encoding = encoding.strip().lower()
+        if encoding is None:
+            return
+        encoding = encoding.strip().lower()
+        if encoding not in DECODED_ENCODINGS:
             raise AttemptFailed(
                 OSError(f"GET {redact_url(url)}: unsupported Content-Encoding {encoding[:40]!r}"),
                 transient=False,
