@@ -17,6 +17,7 @@ from :func:`stream_info` while it is iterated.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -129,10 +130,23 @@ def stream_info() -> StreamInfo | None:
     """The rank, epoch and seed of the epoch that is iterating this stream.
 
     Call it inside a stream dataset's ``__iter__``/``__aiter__`` (or anywhere in the
-    iteration it starts); ``None`` outside a loader's epoch. This is asyncloader's
+    iteration it starts); ``None`` outside a loader's epoch. Inside the stream's
+    ``load_state_dict`` (or ``load_elastic``), called by :meth:`DataLoader.load_state_dict`, it
+    is the epoch that the state resumes, as it will be when that epoch is read: a stream can
+    refuse there a state of another epoch, seed or rank. This is asyncloader's
     ``torch.utils.data.get_worker_info()``: there is one reader, so no worker share to take.
     """
     return _current.get()
+
+
+@contextlib.contextmanager
+def telling(info: StreamInfo) -> Iterator[None]:
+    """Make :func:`stream_info` return ``info`` inside the block (on this thread or task)."""
+    token = _current.set(info)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 class StreamReader:
@@ -195,11 +209,8 @@ class StreamReader:
                 return []
             try:
                 if self._async:
-                    token = _current.set(self._info)
-                    try:
+                    with telling(self._info):
                         items, ended, state = await self._pull_async(count)
-                    finally:
-                        _current.reset(token)
                 else:
                     items, ended, state = await self._io.run(self._pull_sync, count)
             except BaseException:
@@ -270,26 +281,22 @@ class StreamReader:
             set_epoch(self._info.epoch)
 
     def _pull_sync(self, count: int) -> tuple[list[Any], bool, _Snapshot]:
-        with self._thread_lock:
-            token = _current.set(self._info)
+        with self._thread_lock, telling(self._info):
+            items: list[Any] = []
             try:
-                items: list[Any] = []
-                try:
-                    if self._iterator is None:
-                        self._begin()
-                        self._iterator = iter(self._dataset)
-                        for _ in range(self._skip):
-                            next(self._iterator)
-                    for _ in range(count):
-                        items.append(next(self._iterator))
-                except StopIteration:
-                    return items, True, self._snapshot()
-                except Exception as error:  # raised after the items read before it
-                    self._failure = error
-                    return items, True, None
-                return items, False, self._snapshot()
-            finally:
-                _current.reset(token)
+                if self._iterator is None:
+                    self._begin()
+                    self._iterator = iter(self._dataset)
+                    for _ in range(self._skip):
+                        next(self._iterator)
+                for _ in range(count):
+                    items.append(next(self._iterator))
+            except StopIteration:
+                return items, True, self._snapshot()
+            except Exception as error:  # raised after the items read before it
+                self._failure = error
+                return items, True, None
+            return items, False, self._snapshot()
 
     async def _pull_async(self, count: int) -> tuple[list[Any], bool, _Snapshot]:
         items: list[Any] = []

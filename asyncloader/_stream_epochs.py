@@ -24,7 +24,7 @@ from ._pool import ThreadPool
 from ._sampler import batch_count
 from ._settings import Settings
 from ._state import FORMAT, Progress, Resume, check_layout
-from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful
+from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful, telling
 
 if TYPE_CHECKING:
     from ._order import Order
@@ -190,7 +190,8 @@ class StreamEpochs:
         source, name = resume.state["source"], type(self.dataset).__name__
         if source is not None:
             try:
-                self.dataset.load_state_dict(source)
+                with telling(self._info(resume.epoch, resume.state["seed"])):
+                    self.dataset.load_state_dict(source)
             except Exception as error:
                 raise ValueError(
                     f"state source: {name}.load_state_dict refused it: {error}"
@@ -227,7 +228,8 @@ class StreamEpochs:
         if any(source is None for source in sources):
             raise ValueError("state source: a rank's state holds no state of the stream")
         try:
-            load_elastic(sources, self._order.rank, self._order.world_size)
+            with telling(self._info(first["epoch"], first["seed"])):
+                load_elastic(sources, self._order.rank, self._order.world_size)
         except Exception as error:
             raise ValueError(f"state source: {name}.load_elastic refused it: {error}") from error
         if not self._order.seed_given:
@@ -236,6 +238,11 @@ class StreamEpochs:
         state = write_stream_state(self._expected(), self._order.rank, first["epoch"], 0, own)
         return Resume(first["epoch"], 0, self._order.world_size, 0, state)
 
+    def _info(self, epoch: int, seed: int) -> StreamInfo:
+        """What :func:`stream_info` says while epoch ``epoch`` is read with seed ``seed``."""
+        order = self._order
+        return StreamInfo(order.rank, order.world_size, epoch, seed, self._settings.num_workers)
+
     def start(self, epoch: int, resume: Resume | None, io: ThreadPool) -> EpochStart:
         """The batches of epoch ``epoch``, after those a loaded state had received."""
         order, settings = self._order, self._settings
@@ -243,7 +250,7 @@ class StreamEpochs:
             resume = None
         first = resume.batches if resume is not None else 0
         own_state = resume is not None and resume.state["source"] is not None
-        info = StreamInfo(order.rank, order.world_size, epoch, order.seed, settings.num_workers)
+        info = self._info(epoch, order.seed)
         reader = StreamReader(
             self.dataset,
             self.kind,

@@ -608,6 +608,8 @@ def test_an_elastic_resume_needs_every_rank_of_one_epoch(folder: Path) -> None:
         ([states[0], states[0]], "one state of each"),
         ([states[0], {**states[1], "epoch": 3}], "differ in epoch"),
         ([], "got none"),
+        ([{**s, "source": {**s["source"], "epoch": 3}} for s in states], "epoch"),
+        ([{**s, "source": {**s["source"], "seed": 5}} for s in states], "seed"),
     ]:
         with pytest.raises(ValueError, match=match):
             loader.load_state_dict(bad)
@@ -616,3 +618,32 @@ def test_an_elastic_resume_needs_every_rank_of_one_epoch(folder: Path) -> None:
     stream_states = [{**plain.state_dict(), "rank": r, "world_size": 2} for r in range(2)]
     with pytest.raises(ValueError, match="cannot re-split"):
         plain.load_state_dict(stream_states)
+
+
+def test_a_walk_of_another_epoch_seed_or_rank_is_refused_when_loaded(folder: Path) -> None:
+    # The walk names the epoch, seed and rank it was saved in, as the loader's state does: a
+    # state whose two disagree is refused by load_state_dict, not at the next batch (seed,
+    # rank) or never (epoch: the walk was dropped and the epoch read again from its start).
+    with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:
+        iterator: Any = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    walk = state["source"]
+    for change, match in [
+        ({"epoch": 3}, "epoch"),
+        ({"seed": 5}, "seed"),
+        ({"rank": 1, "world_size": 2}, "rank"),
+    ]:
+        restored = DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list)
+        with pytest.raises(ValueError, match=match):
+            restored.load_state_dict({**state, "source": {**walk, **change}})
+        assert restored.state_dict()["batches_received"] == 0  # left as it was
+        assert len(keys(restored)) == SHARDS * PER_SHARD
+    restored = DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list)
+    with pytest.raises(ValueError, match="epoch"):
+        restored.load_state_dict({**state, "epoch": 1})
+    not_walks: list[object] = [0, False, [], ""]  # not "no walk" ({}): a fresh epoch's
+    for source in not_walks:
+        with pytest.raises(ValueError, match="source"):
+            restored.load_state_dict({**state, "source": source})

@@ -241,13 +241,17 @@ class ShardStream:
         """Make the next epoch of the same number continue from ``state``.
 
         Raises:
-            ValueError: The state is not one these settings could have saved (the message
-                names the field); nothing changed.
+            ValueError: The state is not one these settings could have saved, or, loaded
+                by a loader, not one of the epoch, seed and rank of the loader's state around
+                it (the message names the field); nothing changed.
         """
-        count = len(self.shards)
-        self._loaded = (
-            check_walk(state, self.interleave, self.shuffle_buffer, count) if state else None
-        )
+        walk = None
+        if not isinstance(state, dict) or state:  # {}: between epochs
+            walk = check_walk(state, self.interleave, self.shuffle_buffer, len(self.shards))
+        info = stream_info()  # inside a loader's load_state_dict: the epoch it resumes
+        if walk is not None and info is not None:
+            self._check_saved_in(walk, info)
+        self._loaded = walk
 
     def load_elastic(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
         """Make the next epoch of the same number the rest of the epoch that the ranks whose
@@ -271,6 +275,12 @@ class ShardStream:
                 f"got ranks {sorted(w.rank for w in walks)} of world sizes "
                 f"{sorted({w.world_size for w in walks})}"
             )
+        info = stream_info()
+        if info is not None and (first.epoch, first.seed) != (info.epoch, info.seed):
+            raise ValueError(
+                f"TarShards states of epoch {first.epoch} and seed {first.seed} differ from "
+                f"the loader's state, of epoch {info.epoch} and seed {info.seed}"
+            )
         walks.sort(key=lambda w: w.rank)
         orders = []
         for walk in walks:
@@ -281,20 +291,24 @@ class ShardStream:
             orders.append(order)
         self._loaded = regroup(walks, orders, rank, world_size, self.interleave)
 
+    def _check_saved_in(self, walk: Walk, info: StreamInfo) -> None:
+        """Refuse ``walk`` unless it was saved in the epoch, seed and rank ``info`` names."""
+        # An elastic epoch's walk counts its units, not the rank's shards.
+        count = len(self.order(info)) if walk.plan is None else len(walk.plan)
+        here = (info.epoch, info.seed, info.rank, info.world_size, count)
+        saved = (walk.epoch, walk.seed, walk.rank, walk.world_size, walk.shards)
+        if saved != here:
+            raise ValueError(
+                f"TarShards state (epoch, seed, rank, world_size, shards) {saved} "
+                f"differs from this epoch's {here}"
+            )
+
     def _begin(self, info: StreamInfo, order: list[int]) -> Walk:
         loaded, self._loaded = self._loaded, None
+        if loaded is not None and loaded.epoch == info.epoch:
+            self._check_saved_in(loaded, info)
+            return loaded
         here = (info.epoch, info.seed, info.rank, info.world_size, len(order))
-        if loaded is not None:
-            if loaded.plan is not None:  # an elastic epoch's units, not the rank's shards
-                here = (*here[:4], len(loaded.plan))
-            saved = (loaded.epoch, loaded.seed, loaded.rank, loaded.world_size, loaded.shards)
-            if saved[0] == info.epoch:
-                if saved != here:
-                    raise ValueError(
-                        f"TarShards state (epoch, seed, rank, world_size, shards) {saved} "
-                        f"differs from this epoch's {here}"
-                    )
-                return loaded
         return Walk.start(*here, self.interleave)
 
     async def __aiter__(self) -> AsyncIterator[Any]:
