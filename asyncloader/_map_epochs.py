@@ -78,9 +78,21 @@ class MapEpochs:
             ValueError: The state is refused (:func:`._state.check_state`); nothing changed.
         """
         order = self._order
-        if isinstance(state, list):  # every rank's state: any one says where the epoch is
-            state = state[0] if state else None
-        resume, generator = check_state(state, self._expected())
+        # A list is every rank's state. Any one says where the epoch is, since the ranks move
+        # in lockstep; each is checked, and they must be of one job's one moment.
+        states = state if isinstance(state, list) else [state]
+        if not states:
+            raise ValueError("a list of the ranks' states needs at least one, got none")
+        checked = [check_state(one, self._expected()) for one in states]
+        resume, generator = checked[0]
+        for other, _ in checked[1:]:
+            for key, value in resume.state.items():
+                if key != "rank" and other.state[key] != value:
+                    raise ValueError(f"the states of the ranks differ in {key}")
+        ranks = [other.state["rank"] for other, _ in checked]
+        for rank in ranks:
+            if ranks.count(rank) > 1:
+                raise ValueError(f"the list of the ranks' states names rank {rank} twice")
         restore_sampler(order.source, resume.state["sampler"], generator)
         if not order.seed_given:
             # The seed was drawn from the OS: adopt the saved one, so the order (and the

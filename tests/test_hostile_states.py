@@ -253,3 +253,35 @@ def test_default_collate_takes_what_torch_takes() -> None:
     assert np.asarray(default_collate(range(3))).tolist() == [0, 1, 2]
     with pytest.raises(TypeError, match="mixes sequences"):
         default_collate([range(2), 5])
+
+
+def test_every_state_of_a_list_is_checked_and_they_must_agree() -> None:
+    # A map-style loader needs any one rank's state (the ranks move in lockstep), but a list
+    # is every rank's: a broken or disagreeing one was passed over, since only the first was
+    # read. It is refused, naming what is wrong, and the loader is left as it was.
+    states = []
+    for rank in range(2):
+        with DataLoader(
+            SyncData(23), batch_size=4, shuffle=True, seed=3, rank=rank, world_size=2
+        ) as saver:
+            states.append(taken(saver, 1 + rank))  # rank 1 one batch further: not one job's
+    first, later = states
+    second = {**later, "batches_received": first["batches_received"]}
+    cases: list[tuple[list[Any], str]] = [
+        ([first, None], "dict"),
+        ([first, "x"], "dict"),
+        ([first, {**second, "kind": "stream"}], "kind"),
+        ([first, {**second, "dataset_length": 5}], "dataset_length"),
+        ([first, later], "batches_received"),
+        ([first, {**second, "epoch": 1}], "epoch"),
+        ([first, first], "rank"),
+    ]
+    for listed, match in cases:
+        loader = DataLoader(SyncData(23), batch_size=4, shuffle=True, seed=3)
+        before = loader.state_dict()
+        with pytest.raises(ValueError, match=match):
+            loader.load_state_dict(listed)
+        assert loader.state_dict() == before
+    with DataLoader(SyncData(23), batch_size=4, shuffle=True, seed=3) as loader:
+        loader.load_state_dict([second, first])  # one job's states, in any order
+        assert loader.state_dict()["batches_received"] == 1
