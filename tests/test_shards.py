@@ -490,12 +490,18 @@ def test_resume_reads_only_the_open_shards_and_the_buffers(folder: Path) -> None
     assert Counted.opened <= 2 + len(buffered_shards)
 
 
-def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) -> None:
+def state_after_a_batch(folder: Path) -> dict[str, Any]:
+    """The state of a loader over ``mixed(folder)`` (seed 2) after its first batch."""
     with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:
         iterator: Any = iter(loader)
         next(iterator)
         state = loader.state_dict()
         iterator.close()
+    return state
+
+
+def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) -> None:
+    state = state_after_a_batch(folder)
     walk = state["source"]
     changes: list[tuple[dict[str, Any], str]] = [
         ({"format": 2}, "format"),
@@ -624,11 +630,7 @@ def test_a_walk_of_another_epoch_seed_or_rank_is_refused_when_loaded(folder: Pat
     # The walk names the epoch, seed and rank it was saved in, as the loader's state does: a
     # state whose two disagree is refused by load_state_dict, not at the next batch (seed,
     # rank) or never (epoch: the walk was dropped and the epoch read again from its start).
-    with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:
-        iterator: Any = iter(loader)
-        next(iterator)
-        state = loader.state_dict()
-        iterator.close()
+    state = state_after_a_batch(folder)
     walk = state["source"]
     for change, match in [
         ({"epoch": 3}, "epoch"),
