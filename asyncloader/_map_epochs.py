@@ -19,6 +19,7 @@ from ._state import (
     Progress,
     Resume,
     capture_sampler,
+    check_one_moment,
     check_state,
     restore_sampler,
     unrestorable_reason,
@@ -85,10 +86,8 @@ class MapEpochs:
             raise ValueError("a list of the ranks' states needs at least one, got none")
         checked = [check_state(one, self._expected()) for one in states]
         resume, generator = checked[0]
-        for other, _ in checked[1:]:
-            for key, value in resume.state.items():
-                if key != "rank" and other.state[key] != value:
-                    raise ValueError(f"the states of the ranks differ in {key}")
+        keys = [key for key in resume.state if key != "rank"]
+        check_one_moment([other.state for other, _ in checked], keys)
         ranks = [other.state["rank"] for other, _ in checked]
         for rank in ranks:
             if ranks.count(rank) > 1:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -258,6 +258,18 @@ def check_layout(
     if rank >= world_size:
         raise ValueError(f"state rank {rank} must be below its world_size {world_size}")
     return epoch, batches, seed, world_size
+
+
+def check_one_moment(states: Sequence[dict[str, Any]], keys: Iterable[str]) -> None:
+    """Check that the ranks' ``states`` agree in every one of ``keys``.
+
+    Raises:
+        ValueError: They differ in one; the message names the first such key.
+    """
+    first = states[0]
+    for key in keys:
+        if any(state[key] != first[key] for state in states[1:]):
+            raise ValueError(f"the states of the ranks differ in {key}")
 
 
 def check_state(state: object, expected: Expected) -> tuple[Resume, bytes | None]:

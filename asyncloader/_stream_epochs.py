@@ -23,7 +23,7 @@ from ._map_epochs import EpochStart
 from ._pool import ThreadPool
 from ._sampler import batch_count
 from ._settings import Settings
-from ._state import FORMAT, Progress, Resume, check_layout
+from ._state import FORMAT, Progress, Resume, check_layout, check_one_moment
 from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful, telling
 
 if TYPE_CHECKING:
@@ -214,9 +214,10 @@ class StreamEpochs:
             raise ValueError("an elastic resume needs the state of every rank, got none")
         resumes = [check_stream_state(state, self._expected(), elastic=True) for state in states]
         first = resumes[0].state
-        for key in ("epoch", "batches_received", "seed", "world_size"):
-            if any(resume.state[key] != first[key] for resume in resumes):
-                raise ValueError(f"the states of the ranks differ in {key}")
+        check_one_moment(
+            [resume.state for resume in resumes],
+            ("epoch", "batches_received", "seed", "world_size"),
+        )
         if sorted(resume.state["rank"] for resume in resumes) != list(range(first["world_size"])):
             raise ValueError(
                 f"an elastic resume needs one state of each of {first['world_size']} ranks"
