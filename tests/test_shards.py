@@ -12,6 +12,7 @@ import json
 import os
 import tarfile
 import threading
+import tracemalloc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +191,30 @@ def test_compressed_shards_are_read_too(tmp_path: Path) -> None:
     dataset = TarShards(FileDataset(["a.tar.gz"], root=tmp_path))
     with DataLoader(dataset, batch_size=3, collate_fn=list) as loader:
         assert keys(loader) == keys_of(0)
+
+
+def test_a_compressed_shard_holds_its_buffer_and_one_step_not_its_whole_chunk(
+    tmp_path: Path,
+) -> None:
+    # 2,000 samples of 32 KiB of zeros, 62.5 MiB: a gzip file of about 130 KiB, read in one
+    # chunk. That chunk was inflated and parsed whole before its samples met the buffer.
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for i in range(2000):
+            member(archive, f"{i:06d}.bin", bytes(2**15))
+    (tmp_path / "bomb.tar.gz").write_bytes(out.getvalue())
+    dataset = TarShards(FileDataset(["bomb.tar.gz"], root=tmp_path), buffer=8)
+    with DataLoader(dataset, batch_size=4, collate_fn=list) as loader:
+        tracemalloc.start()
+        try:
+            batches = iter(loader)
+            first = next(batches)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert [sample["__key__"] for sample in first] == keys_of(0, 4)
+        assert sum(len(batch) for batch in batches) == 1996
+    assert peak < 8 * 2**20
 
 
 def bad_shards(folder: Path) -> dict[str, bytes]:

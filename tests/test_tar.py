@@ -50,11 +50,16 @@ def write(members: list[tuple[str, bytes]], form: str = "gnu", compress: str = "
     return COMPRESS[compress](out.getvalue())  # type: ignore[no-any-return]
 
 
+def fed(parser: TarParser, chunk: bytes) -> list[Any]:
+    """The samples ``chunk`` completes, every step of it."""
+    return [sample for step in parser.feed(chunk) for sample in step]
+
+
 def parse(data: bytes, chunk: int = 4096, max_bytes: int | None = None) -> tuple[list[Any], Any]:
     parser = TarParser("s.tar", max_bytes)
     out: list[Any] = []
     for start in range(0, len(data), chunk):
-        out += parser.feed(data[start : start + chunk])
+        out += fed(parser, data[start : start + chunk])
     out += parser.close()
     return out, parser.error
 
@@ -288,7 +293,7 @@ def test_extended_headers_cost_no_more_memory_than_their_limit(kind: bytes) -> N
 def test_a_member_over_max_bytes_fails_before_its_data_is_held() -> None:
     data = write([("a.jpg", b"ok"), ("b.jpg", b"q" * 100_000)])
     parser = TarParser("s.tar", max_bytes=1000)
-    samples = parser.feed(data[:2048])  # b's header, and only the start of its data
+    samples = fed(parser, data[:2048])  # b's header, and only the start of its data
     assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"ok"}]
     assert parser.error is not None
     assert "'b.jpg' is 100000 bytes, over max_bytes=1000" in str(parser.error)
@@ -320,6 +325,38 @@ def test_a_compressed_bomb_costs_no_more_memory_than_the_limit() -> None:
     assert samples == []
     assert "over max_bytes" in str(error)
     assert peak < 4 * INFLATE_STEP
+
+
+def test_a_samples_members_together_are_bounded_by_max_bytes() -> None:
+    # One key, 2,000 members of 32 KiB: each under max_bytes, 62.5 MiB together, a gzip
+    # stream of about 130 KiB. Held whole before, as one sample.
+    bomb = gzip.compress(write([(f"a.x{i:05d}", b"\0" * 2**15) for i in range(2000)]))
+    samples, error, peak = _peak(bomb, max_bytes=2**20)
+    assert samples == []
+    assert isinstance(error, ShardError)
+    assert "member 'a.x00032' takes sample 'a' over max_bytes=1048576" in str(error)
+    assert peak < 4 * INFLATE_STEP
+    # Empty members count too: each after the first as a tar block.
+    empty = write([("a.jpg", b"x" * 1000), *((f"a.e{i}", b"") for i in range(100))])
+    samples, error = parse(empty, max_bytes=1000 + 512 * 10)
+    assert samples == []
+    assert "member 'a.e10' takes sample 'a' over max_bytes=6120" in str(error)
+    assert parse(empty, max_bytes=1000 + 512 * 100) == ([parse(empty)[0][0]], None)
+
+
+def test_a_compressed_chunk_is_inflated_a_step_at_a_time() -> None:
+    # 2,000 samples of 32 KiB of zeros: 62.5 MiB from a gzip stream of about 130 KiB, whose
+    # first 64 KiB gave 991 samples (30 MiB) in one call before.
+    members = [(f"{i:06d}.bin", b"\0" * 2**15) for i in range(2000)]
+    bomb = gzip.compress(write(members))
+    parser = TarParser("s.tar.gz", 2**20)
+    steps = parser.feed(bomb[:65536])
+    first = next(steps)
+    assert 0 < len(first) <= INFLATE_STEP // 2**15
+    rest = [sample for step in steps for sample in step]
+    assert len(first) + len(rest) > 900
+    assert [s["__key__"] for s in first + rest] == [f"{i:06d}" for i in range(len(first + rest))]
+    assert parse(bomb, chunk=65536)[0] == parse(write(members))[0]
 
 
 def test_a_compressed_stream_is_inflated_no_further_than_the_archives_end() -> None:

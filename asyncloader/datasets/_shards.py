@@ -158,12 +158,15 @@ def tar_producer(
         parser = TarParser(shard.name, max_bytes)
 
         async def sink(chunk: Any) -> None:
-            shard.put_all(parser.feed(chunk))
-            # A stream that goes on past the archive's end is not read to its end, which
-            # may never come (tarfile's stream mode stops there too).
-            if parser.error is not None or parser.ended:
-                raise _Stop
-            await shard.room()
+            # A compressed chunk's samples come a step at a time, each step once there is
+            # room for it: a chunk of a few KiB can inflate to many MiB of samples.
+            for samples in parser.feed(chunk):
+                shard.put_all(samples)
+                # A stream that goes on past the archive's end is not read to its end, which
+                # may never come (tarfile's stream mode stops there too).
+                if parser.error is not None or parser.ended:
+                    raise _Stop
+                await shard.room()
 
         try:
             await source.stream(index, sink, blocking)
@@ -427,7 +430,9 @@ class TarShards(ShardStream):
             takes the place of one drawn at random from ``(seed, epoch)``, which comes out
             (``0``: no buffer).
         buffer: Samples read ahead of the round-robin, per open shard.
-        max_bytes: The largest member accepted (checked from its header before it is read).
+        max_bytes: The largest sample accepted: its members' sizes together, each member
+            after the first counted as at least one 512-byte tar block, so that many empty
+            members are bounded too (checked from each member's header before it is read).
 
     Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
     of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.

@@ -6,25 +6,28 @@ after the first dot of its last component, lower-cased), as WebDataset splits th
 ``{"__key__": "000123", "__shard__": shard, "jpg": b"...", "cls": b"...", "json": b"..."}``.
 
 :class:`TarParser` is fed the stream's chunks (gzip, bzip2 or xz ones are inflated first,
-as tarfile's ``r|*`` mode would) and returns the samples each chunk completes, so a shard is
+as tarfile's ``r|*`` mode would) and gives the samples each chunk completes, so a shard is
 read with one streaming request and parsed on the event loop as it comes, holding only the
-sample being read. It reads the formats :mod:`tarfile` writes and reads (ustar, GNU long
-names, pax ``path`` and ``size`` records) the way tarfile reads them, and the tests check that
-it gives what tarfile gives. tarfile itself is not used: its stream mode reads with blocking
-calls (a thread per open shard), and parsing with it cost most of the loader's time per sample
-(the figures are in docs/streaming.md, "Parsing").
+sample being read. A compressed chunk is inflated a step at a time, each step's samples
+given before the next step is made, so that the caller can wait for room between them. It
+reads the formats :mod:`tarfile` writes and reads (ustar, GNU long names, pax ``path`` and
+``size`` records) the way tarfile reads them, and the tests check that it gives what tarfile
+gives. tarfile itself is not used: its stream mode reads with blocking calls (a thread per
+open shard), and parsing with it cost most of the loader's time per sample (the figures are
+in docs/streaming.md, "Parsing").
 
 Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
-negative, a member's size is checked against ``max_bytes`` before its data is held, names are
-only split (never used as paths), members that are not regular files (links, folders,
-devices) and WebDataset's ``__meta__`` files are passed over, and sparse members are refused.
-A stream that is not a tar, has a bad header, ends before tar's end-of-archive block, or has a
-member over the limit, a name with no key or no extension, or an extension twice in one
-sample sets the parser's ``error`` to a :class:`ShardError` naming the shard and the member
-(the samples before it are still handed out). A compressed stream is
-inflated at most :data:`INFLATE_STEP` bytes at a time and no further than the end of the
-archive, and the extended headers held at once (long names, pax records, which add up) are
-bounded as one member is, so a decompression bomb costs no more memory than its largest member.
+negative, a member's size, and its sample's with it, are checked against ``max_bytes`` before
+its data is held, names are only split (never used as paths), members that are not regular
+files (links, folders, devices) and WebDataset's ``__meta__`` files are passed over, and
+sparse members are refused. A stream that is not a tar, has a bad header, ends before tar's
+end-of-archive block, or has a member that takes its sample over the limit, a name with no
+key or no extension, or an extension twice in one sample sets the parser's ``error`` to a
+:class:`ShardError` naming the shard and the member (the samples before it are still handed
+out). A compressed stream is inflated at most :data:`INFLATE_STEP` bytes at a time and no
+further than the end of the archive, and the extended headers held at once (long names, pax
+records, which add up) are bounded as one sample is, so a decompression bomb costs no more
+memory than its largest sample and one step.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import lzma
 import re
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any, Final
 
 BLOCK: Final = 512
@@ -149,7 +153,9 @@ class TarParser:
 
     Args:
         shard: How messages (and each sample's ``__shard__``) name the shard.
-        max_bytes: The largest member accepted.
+        max_bytes: The largest sample accepted: its members' sizes together, each member
+            after the first counted as at least one tar block (so that a sample of many
+            empty members is bounded too).
     """
 
     def __init__(self, shard: str, max_bytes: int | None) -> None:
@@ -161,6 +167,8 @@ class TarParser:
         self._sniffed = False
         self._ended = False
         self._sample: dict[str, Any] | None = None
+        self._sample_bytes = 0
+        """The bytes :attr:`_sample` counts against ``max_bytes`` so far."""
         self._member = _FIRST
         self._header: _Header | None = None
         """The header whose data is awaited: its name, size, type, key and extension."""
@@ -180,24 +188,32 @@ class TarParser:
         """Whether tar's end-of-archive block was read: what follows it is not the shard's."""
         return self._ended
 
-    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
-        """The samples that ``chunk`` completes. After a fault, :attr:`error` says what it
-        was (the samples before it are still returned) and the rest is ignored."""
+    def feed(self, chunk: bytes) -> Iterator[list[dict[str, Any]]]:
+        """The samples that ``chunk`` completes, a list for each step: one for a plain
+        chunk, one for each :data:`INFLATE_STEP` inflated of a compressed one, the next step
+        made only when it is asked for. After a fault, :attr:`error` says what it was (the
+        samples before it are still given) and the rest is ignored."""
         if self.error is None and not self._ended:
             try:
-                self._feed(chunk)
+                for _ in self._feed(chunk):
+                    yield self._taken()
             except ShardError as error:
                 self.error = error
+        yield self._taken()
+
+    def _taken(self) -> list[dict[str, Any]]:
         out, self._out = self._out, []
         return out
 
     def close(self) -> list[dict[str, Any]]:
         """The last samples, once the stream has ended; :attr:`error` is set if the stream
         ended before tar's end-of-archive block."""
+        out: list[dict[str, Any]] = []
         if self.error is None and not self._sniffed and self._partial:
             self._sniff()
             chunk, self._partial = bytes(self._partial), bytearray()
-            self.feed(chunk)
+            for step in self.feed(chunk):
+                out += step
         if self.error is None and not self._ended:
             if self._member == _FIRST:
                 where = "before its first header"
@@ -207,10 +223,10 @@ class TarParser:
                 f"shard {self.shard}: ends {where} without tar's end-of-archive block "
                 "(cut short, or not a tar)"
             )
-        out, self._out = self._out, []
-        return out
+        return out + self._taken()
 
-    def _feed(self, chunk: Any) -> None:
+    def _feed(self, chunk: Any) -> Iterator[None]:
+        """Parse ``chunk``, pausing after each step of inflating it but the last."""
         if not self._sniffed:
             self._partial += chunk
             if len(self._partial) < 6:
@@ -220,7 +236,7 @@ class TarParser:
         if self._inflater is None:
             self._parse(chunk)
         else:
-            self._inflate(chunk)
+            yield from self._inflate(chunk)
 
     def _sniff(self) -> None:
         self._sniffed = True
@@ -232,7 +248,7 @@ class TarParser:
         elif head.startswith(b"\xfd7zXZ\x00"):
             self._inflater = _Stepped(lzma.LZMADecompressor())
 
-    def _inflate(self, chunk: Any) -> None:
+    def _inflate(self, chunk: Any) -> Iterator[None]:
         inflater = self._inflater
         assert inflater is not None
         try:
@@ -241,6 +257,8 @@ class TarParser:
                 self._parse(data)
                 if self._ended or not inflater.pending:
                     return
+                del data  # parsed: not held while the next step is made
+                yield
                 data = inflater.step(b"")
         except (zlib.error, lzma.LZMAError, OSError, EOFError) as error:
             raise ShardError(f"shard {self.shard}: cannot be decompressed ({error})") from None
@@ -344,6 +362,10 @@ class TarParser:
             if limit is not None and size > limit:
                 self._flush_unless(parts)
                 raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
+            sample = self._sample
+            same = sample is not None and sample["__key__"] == parts[0]
+            if limit is not None and same and self._sample_bytes + max(size, BLOCK) > limit:
+                raise self._fail(name, f"takes sample {parts[0]!r} over max_bytes={limit}")
         elif kind in _NAMES and size > self._extended:
             raise self._fail(name, f"has a {size}-byte extended header")
         return name, size, kind, parts
@@ -364,8 +386,11 @@ class TarParser:
             if sample is not None:
                 self._out.append(sample)
             sample = self._sample = {"__key__": key, "__shard__": self.shard}
+            self._sample_bytes = len(data)
         elif extension in sample:
             raise self._fail(name, f"is a second {extension!r} in sample {key!r}")
+        else:
+            self._sample_bytes += max(len(data), BLOCK)
         sample[extension] = data
 
     def _extended_header(self, name: str, kind: bytes, data: bytes) -> bool:
