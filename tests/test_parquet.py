@@ -4,6 +4,7 @@ num_workers, ranks, exact resume); a broken shard fails only its own place."""
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 import warnings
 from collections.abc import Iterator
@@ -157,6 +158,31 @@ def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: P
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20  # the rows made in Python before the limit was found
+
+
+def test_a_row_group_within_max_bytes_is_made_into_rows_a_step_at_a_time(
+    tmp_path: Path,
+) -> None:
+    # A million rows of one int8: 1 MB decoded, within max_bytes, a file of about 4 KB. As
+    # Python dicts they are about 230 MB, all made before the first batch until session 18.
+    count = 1_000_000
+    ones = pa.table({"x": pa.array([7] * count, pa.int8())})
+    pq.write_table(ones, tmp_path / "ones.parquet", row_group_size=count)
+    dataset = ParquetShards(
+        FileDataset(["ones.parquet"], root=tmp_path), buffer=8, max_bytes=8 << 20
+    )
+    with DataLoader(dataset, batch_size=4, collate_fn=list) as loader:
+        tracemalloc.start()
+        try:
+            batches = iter(loader)
+            first = next(batches)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert first == [{"x": 7, "__shard__": "ones.parquet", "__row__": i} for i in range(4)]
+        rows = [row["__row__"] for batch in itertools.islice(batches, 3000) for row in batch]
+        assert rows == list(range(4, 4 + 4 * 3000))
+    assert peak < 16 << 20
 
 
 def test_settings_are_checked(folder: Path) -> None:

@@ -20,7 +20,8 @@ from ._streaming import Blocking
 from ._tar import ShardError
 
 _ROWS_A_STEP = 1024
-"""Rows decoded at once, between checks of a row group's size against ``max_bytes``."""
+"""Rows decoded and made at once: between checks of a row group's size against
+``max_bytes``, and between waits for room in the shard's buffer."""
 
 
 class _Opened:
@@ -30,6 +31,9 @@ class _Opened:
         self.lock = threading.Lock()
         self.raw: Any = None
         self.file: Any = None
+        self._steps: Any = None
+        """The row group being read: its batches of decoded rows, a step at a time."""
+        self._decoded = 0
 
     def open(self, source: Any, index: int, loop: asyncio.AbstractEventLoop) -> Any:
         import pyarrow.parquet as pq
@@ -39,28 +43,40 @@ class _Opened:
             self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
             return self.file.metadata
 
-    def rows(
-        self, group: int, columns: list[str] | None, shard: str, first: int, limit: int | None
-    ) -> list[Any]:
-        rows: list[dict[str, Any]] = []
-        decoded = 0
+    def begin(self, group: int, columns: list[str] | None) -> None:
+        """Start reading row group ``group``: :meth:`step` gives its rows."""
         with self.lock:
-            # Decoded a step at a time: a dictionary or a run of repeated values makes rows of
-            # far more bytes than the footer's size of the row group, which counts them encoded.
-            steps = self.file.iter_batches(_ROWS_A_STEP, row_groups=[group], columns=columns)
-            for batch in steps:
-                decoded += batch.nbytes
-                if limit is not None and decoded > limit:
-                    raise ShardError(
-                        f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
-                    )
-                rows += batch.to_pylist()
+            self._steps = self.file.iter_batches(_ROWS_A_STEP, row_groups=[group], columns=columns)
+            self._decoded = 0
+
+    def step(self, group: int, shard: str, first: int, limit: int | None) -> list[Any]:
+        """The next rows of the row group begun (``first`` the place of the first of them);
+        none once it is read.
+
+        A step at a time: a dictionary or a run of repeated values decodes to far more bytes
+        than the footer's size of the row group, which counts them encoded, and rows as Python
+        dicts take many times their decoded bytes (a one-byte column, over 200 a row).
+        """
+        with self.lock:
+            batch = next(self._steps, None)
+            while batch is not None and batch.num_rows == 0:
+                batch = next(self._steps, None)
+            if batch is None:
+                self._steps = None
+                return []
+            self._decoded += batch.nbytes
+            if limit is not None and self._decoded > limit:
+                raise ShardError(
+                    f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
+                )
+            rows: list[dict[str, Any]] = batch.to_pylist()
         for offset, row in enumerate(rows):
             row["__shard__"], row["__row__"] = shard, first + offset
         return rows
 
     def close(self) -> None:
         with self.lock:
+            self._steps = None
             if self.file is not None:
                 self.file.close()
             if self.raw is not None:
@@ -139,11 +155,13 @@ class ParquetShards(ShardStream):
                             f"shard {shard.name}: row group {group} is {info.total_byte_size} "
                             f"bytes, over max_bytes={limit}"
                         )
-                    made = await blocking(opened.rows, group, columns, shard.name, first, limit)
-                    for row in made:
-                        shard.put(row)
+                    await blocking(opened.begin, group, columns)
+                    place = first
+                    while rows := await blocking(opened.step, group, shard.name, place, limit):
+                        shard.put_all(rows)
+                        place += len(rows)
+                        await shard.room()
                     first += info.num_rows
-                    await shard.room()
             finally:
                 # On a thread of its own: the shards' pool may be shut down (a cancelled
                 # epoch), and a read still running holds the file until it returns.
