@@ -107,7 +107,9 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         return ("ok", data, refs, new, dropped, tally.tally(), skipped), arena.fds(
             [number for number, _ in new]
         )
-    except Exception as error:
+    # BaseException: a SystemExit from the user's code (a library that exits on bad input)
+    # fails its batch, as on a CPU thread, and does not end the worker.
+    except BaseException as error:
         arena.release()
         skipped = [] if collect is None else collect.skipped
         return ("error", error_payload(error), tally.tally(), skipped), []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -90,6 +91,8 @@ class Failing(Images):
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.how == "exit":
                 os._exit(7)
+            if self.how == "sysexit":  # a library that calls sys.exit on bad input
+                sys.exit(3)
             if self.how == "kill":  # as the OOM killer does
                 os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(index)

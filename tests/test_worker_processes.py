@@ -323,6 +323,32 @@ def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() 
     assert loader.stats().errors == 1
 
 
+def test_a_system_exit_from_the_users_code_fails_its_batch_and_keeps_the_worker() -> None:
+    # As on a CPU thread: the batch's error, of its own type. It ended the worker before
+    # (a WorkerError, "exited with code 1", and a new worker started).
+    loader = ready(
+        DataLoader(proc_data.Failing(12, fail_at=5, how="sysexit"), batch_size=4, cpu_processes=1)
+    )
+    with loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        pid = procs.workers[0].process.pid
+        outcomes: list[Any] = []
+        iterator = iter(loader)
+        for _ in range(3):
+            try:
+                outcomes.append(next(iterator))
+            except BaseException as raised:  # SystemExit is not an Exception
+                outcomes.append(raised)
+        assert isinstance(outcomes[1], SystemExit)
+        assert outcomes[1].code == 3
+        if sys.version_info >= (3, 11):  # where exceptions have notes
+            notes = "".join(getattr(outcomes[1], "__notes__", []))
+            assert "in asyncloader worker process 0" in notes
+        assert [np.array(b).shape for b in (outcomes[0], outcomes[2])] == [(4, 12, 12, 3)] * 2
+        assert procs.workers[0].process.pid == pid
+
+
 def test_skip_drops_the_failing_item_and_counts_it_here() -> None:
     loader = ready(
         DataLoader(proc_data.Failing(12, fail_at=5), batch_size=4, cpu_processes=1, errors="skip")
