@@ -33,6 +33,11 @@ from ._sampler import batch_count
 
 logger = logging.getLogger("asyncloader")
 
+_FAILURES = (Exception, SystemExit)
+"""What an iterator raises that ends its epoch after the items read before it: a SystemExit
+too (a library that exits on bad input). Not a KeyboardInterrupt, which ends it at once, nor
+a cancellation."""
+
 StreamKind = Literal["sync", "async"]
 
 _Snapshot = bytes | str | Exception | None
@@ -192,7 +197,7 @@ class StreamReader:
         """Whether the stream has no item left for this epoch (or failed, or was cut off)."""
         self.end: int | None = None
         """The epoch's batches, once the stream's end (or its error) is found."""
-        self._failure: Exception | None = None
+        self._failure: BaseException | None = None
         """The iterator's error, raised at the batch after the items read before it."""
 
     async def pull(self, count: int) -> list[Any]:
@@ -293,7 +298,7 @@ class StreamReader:
                     items.append(next(self._iterator))
             except StopIteration:
                 return items, True, self._snapshot()
-            except Exception as error:  # raised after the items read before it
+            except _FAILURES as error:  # raised after the items read before it
                 self._failure = error
                 return items, True, None
             return items, False, self._snapshot()
@@ -310,7 +315,7 @@ class StreamReader:
                 items.append(await self._iterator.__anext__())
         except StopAsyncIteration:
             return items, True, self._snapshot()
-        except Exception as error:  # raised after the items read before it
+        except _FAILURES as error:  # raised after the items read before it
             self._failure = error
             return items, True, None
         return items, False, self._snapshot()

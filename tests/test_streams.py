@@ -9,6 +9,7 @@ own state or by reading again.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -173,6 +174,26 @@ async def test_an_async_iterators_error_comes_after_the_items_before_it() -> Non
         with pytest.raises(ConnectionError, match="went away"):
             await anext(iterator)
     assert got == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_system_exit_from_the_stream_comes_after_the_items_before_it(kind: str) -> None:
+    # A library that calls sys.exit on bad input. The items read before it were dropped.
+    def numbers() -> Iterator[int]:
+        yield from range(5)
+        sys.exit(3)
+
+    async def async_numbers() -> AsyncIterator[int]:
+        for i in numbers():
+            yield i
+
+    stream = numbers() if kind == "sync" else async_numbers()
+    with DataLoader(stream, batch_size=2, num_workers=2) as loader:
+        iterator: Any = iter(loader)
+        assert [next(iterator).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4]]
+        with pytest.raises(SystemExit):
+            next(iterator)
+        assert list(iterator) == []
 
 
 def test_an_error_at_a_batchs_start_fails_that_batch_and_drop_last_drops_a_short_one() -> None:
