@@ -6,6 +6,7 @@ while the dataset reads it. What could block forever runs in a subprocess with a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,26 @@ def test_a_file_on_the_way_is_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"f")
     with pytest.raises(NotADirectoryError):
         FileDataset(["file/x"], root=tmp_path)[0]
+
+
+def test_a_file_that_grows_while_it_is_streamed_stops_at_max_bytes(tmp_path: Path) -> None:
+    # Checked by its size when opened, then read to its end: a writer that keeps appending
+    # (a log, a shard being written) was streamed past max_bytes, without end.
+    (tmp_path / "grows").write_bytes(b"x" * 1000)
+    dataset = FileDataset(["grows"], root=tmp_path, max_bytes=5000)
+    got: list[int] = []
+
+    def grow() -> None:
+        with open(tmp_path / "grows", "ab") as file:
+            file.write(b"y" * 3000)
+
+    async def sink(chunk: bytes) -> None:
+        got.append(len(chunk))
+        grow()  # between two reads: the next one sees it
+
+    async def blocking(call: Any, *args: Any) -> Any:
+        return call(*args)
+
+    with pytest.raises(ValueError, match="'grows' is over max_bytes=5000"):
+        asyncio.run(dataset.stream(0, sink, blocking))
+    assert sum(got) <= 5000

@@ -106,7 +106,8 @@ class FileDataset:
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """File ``index``, chunk by chunk into ``sink``: opened beneath ``root`` and checked to
-        be a regular file within ``max_bytes`` as an item is, each read a ``blocking`` call."""
+        be a regular file within ``max_bytes`` as an item is (and the bytes read, so a file
+        that grows as it is read stops there), each read a ``blocking`` call."""
         location = self.locations[index]
         assert isinstance(location, str)
         file = _Shared()
@@ -114,7 +115,13 @@ class FileDataset:
             await blocking(
                 file.open, lambda: retrying_sync(self.retry, lambda: self._open(location))
             )
+            size = 0
             while chunk := await blocking(file.read, STREAM_CHUNK):
+                size += len(chunk)
+                # Its size was checked when it was opened: a file that grew since is caught
+                # too (a writer that keeps appending would be read without end).
+                if self.max_bytes is not None and size > self.max_bytes:
+                    raise ValueError(f"{location!r} is over max_bytes={self.max_bytes}")
                 await sink(chunk)
         finally:
             file.close()
