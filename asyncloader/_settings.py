@@ -159,3 +159,10 @@ class ReadOnly(Generic[T]):
             return self
         value: T = getattr(getattr(owner, self._part), self._name)
         return value
+
+    def __set__(self, owner: object, value: object) -> None:
+        """Refused: an attribute set here would not be the setting the object runs with."""
+        raise AttributeError(
+            f"{self._name} is fixed when the {type(owner).__name__} is built; build a new one "
+            "to change it"
+        )

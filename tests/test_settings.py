@@ -72,6 +72,34 @@ def test_valid_settings_are_kept() -> None:
     assert "batch_size=3" in repr(loader)
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("num_workers", 8),
+        ("item_concurrency", 64),
+        ("prefetch_depth", 9),
+        ("drop_last", True),
+        ("sampler", None),
+        ("batch_sampler", None),
+        ("seed", 1),
+        ("rank", 1),
+        ("world_size", 4),
+        ("batch_size", 7),
+        ("dataset", []),
+        ("epoch", 3),
+    ],
+)
+def test_a_setting_assigned_after_construction_is_refused(name: str, value: object) -> None:
+    # They were taken as new attributes that the loader never read: num_workers said 8 and
+    # the epochs ran with 2.
+    loader = DataLoader(SyncData(8), batch_size=4, num_workers=2, seed=5)
+    before = getattr(loader, name)
+    with pytest.raises(AttributeError, match=name):
+        setattr(loader, name, value)
+    assert getattr(loader, name) == before
+    assert [len(batch) for batch in loader] == [4, 4]
+
+
 def test_shuffle_without_a_seed_draws_one_and_keeps_it() -> None:
     loader = DataLoader(SyncData(40), batch_size=40, shuffle=True)
     seed = loader.seed
