@@ -332,7 +332,7 @@ def test_a_system_exit_from_the_users_code_fails_its_batch_and_keeps_the_worker(
     with loader:
         procs = loader._runtime_here().procs
         assert procs is not None
-        pid = procs.workers[0].process.pid
+        [pid] = proc_data.worker_pids(loader)  # ready, and its fork reported
         outcomes: list[Any] = []
         iterator = iter(loader)
         for _ in range(3):
