@@ -1,8 +1,9 @@
 """``cpu_processes``: a loader's worker processes, as the loader drives them.
 
 The workers are started once per loader by its zygote (:mod:`._zygote`), never by forking the
-loader's process, which runs threads. Each gets the loader's work once (:class:`._worker.Work`,
-pickled when the loader was built, into memory they all map: :mod:`._work`), then jobs. Every
+loader's process, which runs threads. The zygote loads the loader's work once
+(:class:`._worker.Work`, pickled when the loader was built, into memory it maps:
+:mod:`._work`) and forks each worker with it, then each gets jobs. Every
 worker has two threads here: one sends it jobs, the other takes its results. A job goes to
 whichever worker has room for it (at most :data:`DEPTH` held, so that its next job is already
 there when it ends one), the oldest batch first.
@@ -119,9 +120,6 @@ class _Worker:
     def __init__(self, pool: ProcessPool, number: int) -> None:
         self.pool = pool
         self.number = number
-        self._work: int | None = pool.work.descriptor()
-        """A descriptor of the memory it loads the work from (closed once sent)."""
-        self._work_lock = threading.Lock()
         assert pool.zygote is not None
         self.process, self.sock = pool.zygote.spawn(number)
         self.conn = Connection(os.dup(self.sock.fileno()))
@@ -153,10 +151,6 @@ class _Worker:
     def _send(self) -> None:
         pool = self.pool
         try:
-            assert self._work is not None
-            self.conn.send_bytes(pickle.dumps(pool.work.layout))
-            socket.send_fds(self.sock, [b"F"], [self._work])
-            self._drop_work()
             while True:
                 task = pool.take(self)
                 if task is None:
@@ -173,14 +167,6 @@ class _Worker:
                 self.conn.send_bytes(pickle.dumps(None))  # stop
         except OSError:  # the worker is gone: the receiving thread fails what it held
             return
-        finally:
-            self._drop_work()
-
-    def _drop_work(self) -> None:
-        with self._work_lock:  # the sender and a close may both try: close it once
-            fd, self._work = self._work, None
-        if fd is not None:
-            os.close(fd)
 
     def _receive(self) -> None:
         try:
@@ -285,8 +271,6 @@ class _Worker:
                 thread.join(join)
         self.sock.close()
         self.conn.close()
-        if not self.sending:  # no sender to close it
-            self._drop_work()
 
 
 class ProcessPool:
@@ -325,7 +309,11 @@ class ProcessPool:
 
     def _start(self) -> None:
         try:
-            self.zygote = Zygote(self.work.modules, self.work.main)
+            work = self.work.descriptor()
+            try:
+                self.zygote = Zygote(self.work.modules, self.work.main, work, self.work.layout)
+            finally:
+                os.close(work)
             with self._changed:
                 self.workers = [_Worker(self, number) for number in range(self.processes)]
             for worker in self.workers:

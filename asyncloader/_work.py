@@ -1,10 +1,12 @@
 """The loader's work as its worker processes get it: pickled once, when the loader is built,
-into sealed anonymous memory that each worker maps and loads (no copy through a socket, no
-buffer of it in the worker; large arrays in it shared, not loaded), with the modules it refers
-to (what the zygote imports); what cannot be pickled is named, down to the attribute.
+into sealed anonymous memory that the zygote maps and loads, once, for the workers it forks
+(no copy through a socket, no buffer of it in a worker; large arrays in it shared, not
+loaded), with the modules it refers to (what the zygote imports); what cannot be pickled is
+named, down to the attribute.
 
-Every worker, one that takes a dead one's place too, loads the same bytes: the work as it was
-when the loader was built, whatever the loader's own process did with the dataset since.
+Every worker, one that takes a dead one's place too, starts from the same bytes: the work as
+it was when the loader was built, whatever the loader's own process did with the dataset
+since.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ def _dump(
 
 _OUT_OF_BAND: Final = 1 << 16
 """The smallest array (or other pickle-5 buffer) kept out of the pickle, page-aligned in the
-memory after it: each worker maps it there, shared, instead of loading a copy. Smaller ones
-are copied in with the pickle."""
+memory after it: it is mapped there, shared, instead of loaded as a copy. Smaller ones are
+copied in with the pickle."""
 
 
 def _out_of_band(buffer: pickle.PickleBuffer) -> bool:
@@ -103,8 +105,8 @@ class PickledWork:
     for it. The memory is freed with the last of this object and of the workers' maps of it.
 
     A large array in the work (a dataset that holds its samples in NumPy arrays) is written
-    after the pickle, page-aligned; each worker maps it copy-on-write, so the workers share
-    its pages as torch's forked workers do, and a write stays in the worker that made it.
+    after the pickle, page-aligned, and mapped copy-on-write, so the workers share its pages
+    as torch's forked workers do, and a write stays in the worker that made it.
     """
 
     def __init__(self, work: Work) -> None:

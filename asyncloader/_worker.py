@@ -1,7 +1,8 @@
 """A worker process of ``cpu_processes``: it runs the CPU stage of batches, one at a time.
 
-It gets the loader's work once (the sync dataset, the transform, the collate function), loaded
-from the memory the loader pickled it into, then jobs over its socket: ``fetch`` (fetch a sync
+It starts with the loader's work (the sync dataset, the transform, the collate function)
+loaded, by the zygote that forked it (:mod:`._zygote`) from the memory the loader pickled it
+into, and gets jobs over its socket: ``fetch`` (fetch a sync
 dataset's batch, transform, collate) or ``finish`` (transform and collate items the loader
 fetched). Each job runs in the code the threads run (:mod:`._epoch`), under the job's
 ``(seed, epoch)`` key, so its batch is the one a thread would make, bit for bit. The batch
@@ -118,7 +119,7 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         epoch_key.reset(tokens[1])
 
 
-def _load(fd: int, layout: Layout) -> Work:
+def load_work(fd: int, layout: Layout) -> Work:
     """The work, from the memory the loader pickled it into. Without out-of-band buffers the
     memory is unmapped once loaded; with them it stays mapped, copy-on-write, as long as the
     arrays on it live."""
@@ -140,23 +141,14 @@ def _load(fd: int, layout: Layout) -> Work:
         os.close(fd)
 
 
-def serve(conn: Connection) -> None:
-    """The worker's life: take the work, then run jobs until told to stop or orphaned."""
+def serve(conn: Connection, work: Work) -> None:
+    """The worker's life, with the work loaded: run jobs until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     arena = Arena()
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
-        layout = pickle.loads(conn.recv_bytes())
-        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-        if not fds:  # the loader went away
-            return
-        try:
-            work = _load(fds[0], layout)
-        except Exception as error:
-            conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
-            return
         conn.send_bytes(pickle.dumps(("ready", os.getpid())))
         socket.send_fds(sock, [b"F"], [arena.control_fd])
         while True:

@@ -3,9 +3,13 @@
 The loader's process runs threads, so it never forks. It starts a fresh interpreter instead
 (``subprocess``, which execs at once). That interpreter, the zygote, imports the modules the
 loader's work is made of and nothing else: not the main module, unless the work needs it, and
-so not torch because a training script imports it. It then forks a worker each time it is
-asked. A fork from it is cheap and shares those imports. The zygote runs one thread: it starts
-with one thread per math library, and checks before every fork that no import started another.
+so not torch because a training script imports it. It then loads the work, once, from the
+memory the loader pickled it into (:mod:`._work`), and forks a worker each time it is asked. A
+fork from it is cheap and shares those imports and the loaded work, copy-on-write, as torch's
+workers share a forked loader's dataset: no worker loads a copy of its own. The zygote runs one
+thread: it starts with one thread per math library, and checks before every fork that no
+import, and no loading, started another (if one did, each worker is a fresh interpreter that
+loads the work itself).
 
 The zygote is the workers' parent: it reaps them and reports each exit status to the loader.
 It exits when the loader's end of its socket closes (the loader closed, or died), and so does
@@ -15,6 +19,7 @@ each worker (its own socket).
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import marshal
 import os
@@ -28,6 +33,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
+from ._worker import Layout, Work, error_payload, load_work, serve
+
 IN_WORKER: Final = "ASYNCLOADER_WORKER"
 """Set in the zygote and its workers: a loader built there is a script's unguarded code."""
 
@@ -36,6 +43,10 @@ _ONE_THREAD: Final = {
 }
 """Math libraries start their thread pools at import; in the zygote they must not (a fork of
 a process that runs threads is unsafe), and a worker is one of many processes anyway."""
+
+
+_Memory = tuple[int, Layout]
+"""The descriptor of the memory the work is pickled in, and where it lies in it."""
 
 
 def _threads() -> int:
@@ -112,15 +123,18 @@ class Zygote:
     Args:
         modules: What the zygote imports before it forks.
         main: Whether the work needs the main module (defined in a script).
+        work: A descriptor of the memory the work is pickled in (the zygote gets its own; the
+            caller keeps this one).
+        layout: Where the work lies in that memory.
     """
 
-    def __init__(self, modules: list[str], main: bool) -> None:
+    def __init__(self, modules: list[str], main: bool, work: int, layout: Layout) -> None:
         ours, theirs = socket.socketpair()
         main_path = getattr(sys.modules["__main__"], "__file__", None) if main else None
         environment = {**os.environ, **_ONE_THREAD, IN_WORKER: "1"}
         self.process = subprocess.Popen(
             _python("main"),
-            pass_fds=[theirs.fileno()],
+            pass_fds=[theirs.fileno(), work],
             env={**environment, **_path(), "ASYNCLOADER_ZYGOTE_FD": str(theirs.fileno())},
         )
         theirs.close()
@@ -131,7 +145,7 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
-        self._conn.send_bytes(pickle.dumps((modules, main_path)))
+        self._conn.send_bytes(pickle.dumps((modules, main_path, work, layout)))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
 
@@ -211,12 +225,51 @@ def _reap(conn: Connection) -> None:
         _send(conn, ("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
-def _fork(main_path: str | None, fd: int, inherited: list[int]) -> int:
-    if _threads() > 1:  # an import started a thread: fork no more, exec a fresh worker
+def _descriptors() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # pragma: no cover - not Linux: no way to count
+        return 0
+
+
+def _load_shared(memory: _Memory) -> Work | None:
+    """The work loaded here, for every worker forked from here to share; ``None`` if they
+    must each load their own: loading started a thread (no fork is safe then), or opened a
+    descriptor (a file or a socket opened in ``__setstate__``, which forked workers would all
+    share, with one offset or one stream between them)."""
+    if _threads() > 1:
+        return None
+    before = _descriptors()
+    work = load_work(os.dup(memory[0]), memory[1])
+    if _threads() > 1 or _descriptors() != before:
+        return None
+    return work
+
+
+def _serve(conn: Connection, work: Work | None, memory: _Memory) -> None:
+    """A worker's life: with the work shared, or once it loaded its own (or said why not)."""
+    fd, layout = memory
+    if work is not None:
+        os.close(fd)
+    else:
+        try:
+            work = load_work(fd, layout)
+        except Exception as error:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
+            return
+    serve(conn, work)
+
+
+def _fork(
+    main_path: str | None, fd: int, inherited: list[int], work: Work | None, memory: _Memory
+) -> int:
+    if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
+        alone = pickle.dumps((fd, main_path, *memory)).hex()
         return subprocess.Popen(
             _python("alone"),
-            pass_fds=[fd],
-            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": pickle.dumps((fd, main_path)).hex()},
+            pass_fds=[fd, memory[0]],
+            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": alone},
         ).pid
     pid = os.fork()
     if pid:
@@ -227,9 +280,8 @@ def _fork(main_path: str | None, fd: int, inherited: list[int]) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for descriptor in inherited:
             os.close(descriptor)
-        from ._worker import serve
-
-        serve(Connection(fd))
+        gc.enable()
+        _serve(Connection(fd), work, memory)  # its own copy of the descriptor, to close
         code = 0
     except BaseException:
         import traceback
@@ -245,7 +297,8 @@ def main() -> None:
     sock = socket.socket(fileno=int(os.environ.pop("ASYNCLOADER_ZYGOTE_FD")))
     conn = Connection(os.dup(sock.fileno()))
     try:
-        modules, main_path = pickle.loads(conn.recv_bytes())
+        modules, main_path, *memory = pickle.loads(conn.recv_bytes())
+        work: Work | None = None
         try:
             if main_path is not None:
                 from multiprocessing import spawn
@@ -253,11 +306,14 @@ def main() -> None:
                 spawn.import_main_path(main_path)
             for name in modules:
                 importlib.import_module(name)
+            work = _load_shared((memory[0], memory[1]))
         except BaseException as error:
-            from ._worker import error_payload
-
             _send(conn, ("broken", error_payload(error)))
             return
+        # Loaded once, for every worker: collections in the workers must not write to its
+        # objects (their pages would be copied), and gc.freeze() keeps them out of them.
+        gc.disable()
+        gc.freeze()
         wakeup = os.pipe()
         os.set_blocking(wakeup[1], False)
         signal.set_wakeup_fd(wakeup[1])
@@ -271,7 +327,7 @@ def main() -> None:
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork(main_path, fds[0], inherited)
+                pid = _fork(main_path, fds[0], inherited, work, (memory[0], memory[1]))
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
                 _reap(conn)  # a child that ended before its handler was set
@@ -280,13 +336,12 @@ def main() -> None:
 
 
 def alone() -> None:
-    """A worker in a fresh interpreter (the zygote had threads): it imports as it unpickles."""
+    """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
+    work, and says so if it cannot."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fd, main_path = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
+    fd, main_path, memory, layout = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
     if main_path is not None:
         from multiprocessing import spawn
 
         spawn.import_main_path(main_path)
-    from ._worker import serve
-
-    serve(Connection(fd))
+    _serve(Connection(fd), None, (memory, layout))

@@ -235,3 +235,41 @@ class HoldsArray:
             mapped = "asyncloader-work" in maps.read()
         row = self.table[index].astype(np.int64)
         return np.concatenate([row[:4], [mapped, self.table.flags.writeable, os.getpid()]])
+
+
+class HoldsBytes:
+    """``count`` items of ``size`` bytes each, held in memory as ``bytes`` (encoded images,
+    say): pickled in band, so each process that loads the work makes them anew."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.items = [bytes([i % 251]) * size for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        return np.array(list(self.items[index][:8]), dtype=np.uint8)
+
+
+class WhereLoaded:
+    """Item ``i`` is ``[pid that loaded the dataset, pid that made the item]``. With
+    ``path``, loading opens that file, as a dataset that opens its files in ``__setstate__``."""
+
+    def __init__(self, n: int, path: str | None = None) -> None:
+        self.n, self.path = n, path
+        self.loaded_in = os.getpid()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"n": self.n, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.loaded_in = os.getpid()
+        if self.path is not None:
+            self.file = open(self.path, "rb")  # noqa: SIM115  # held, as such datasets do
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        return np.array([self.loaded_in, os.getpid()])

@@ -252,6 +252,44 @@ def test_a_large_array_in_the_dataset_is_shared_by_the_workers_not_loaded_by_eac
     assert in_workers[:, 5].all()  # and writable, copy-on-write
 
 
+def _private_kib(pid: int) -> int:
+    """The memory ``pid`` holds that no other process shares, in KiB."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        fields = dict(line.split()[:2] for line in rollup if line.startswith("Private"))
+    return int(fields["Private_Clean:"]) + int(fields["Private_Dirty:"])
+
+
+def test_the_workers_share_the_loaded_work_instead_of_each_loading_a_copy() -> None:
+    # 48 MiB of bytes objects, which pickle in band: each worker loaded its own copy of them
+    # before (about 48 MiB private each), where torch's forked workers share the loader's.
+    dataset = proc_data.HoldsBytes(768, 64 << 10)
+    with ready(DataLoader(dataset, batch_size=64, cpu_processes=2)) as loader:
+        batches = [np.asarray(batch) for batch in loader]
+        pids = _all_loaded(loader)
+        private = [_private_kib(pid) for pid in pids]
+    assert [batch[0, 0] for batch in batches] == [(64 * n) % 251 for n in range(12)]
+    assert len(private) == 2
+    assert max(private) < 16 << 10, private
+
+
+def test_a_work_whose_loading_opens_a_file_is_loaded_by_each_worker(tmp_path: Any) -> None:
+    # Forked from the zygote, the workers would share one file offset between them.
+    (tmp_path / "data").write_bytes(b"x")
+    for path, shared in ((None, True), (str(tmp_path / "data"), False)):
+        loader = ready(DataLoader(proc_data.WhereLoaded(64, path), batch_size=4, cpu_processes=2))
+        with loader:
+            rows = _rows(loader)
+            procs = loader._runtime_here().procs
+            assert procs is not None
+            assert procs.zygote is not None
+            zygote = procs.zygote.process.pid
+        assert os.getpid() not in rows[:, 1]
+        if shared:
+            assert (rows[:, 0] == zygote).all()
+        else:
+            assert (rows[:, 0] == rows[:, 1]).all()
+
+
 def test_a_write_to_a_shared_array_stays_in_the_worker_that_made_it() -> None:
     dataset = proc_data.HoldsArray(64, writes=True)
     before = dataset.table[:, :4].astype(np.int64)
@@ -306,7 +344,13 @@ def test_a_worker_whose_threads_cannot_start_is_closed_cleanly(
     [worker] = procs.workers
     loader.close()  # no RuntimeError from joining a thread never started
     assert worker.process.join(10.0)
-    assert worker._work is None  # its descriptor of the work closed
+    work = loader._runtime_here().work
+    assert work is not None
+    fd = work.descriptor()
+    try:  # no descriptor of the work left open but the loader's own
+        assert _work_memory("self").count(os.fstat(fd).st_ino) == 2  # with this one
+    finally:
+        os.close(fd)
 
 
 def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() -> None:
