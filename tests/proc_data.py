@@ -253,23 +253,26 @@ class HoldsBytes:
 
 class WhereLoaded:
     """Item ``i`` is ``[pid that loaded the dataset, pid that made the item]``. With
-    ``path``, loading opens that file, as a dataset that opens its files in ``__setstate__``."""
+    ``path``, loading opens that file, as a dataset that opens its files in ``__setstate__``;
+    with ``thread``, loading starts a thread."""
 
-    def __init__(self, n: int, path: str | None = None) -> None:
-        self.n, self.path = n, path
+    def __init__(self, n: int, path: str | None = None, thread: bool = False) -> None:
+        self.n, self.path, self.thread = n, path, thread
         self.loaded_in = os.getpid()
 
     def __len__(self) -> int:
         return self.n
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"n": self.n, "path": self.path}
+        return {"n": self.n, "path": self.path, "thread": self.thread}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.loaded_in = os.getpid()
         if self.path is not None:
             self.file = open(self.path, "rb")  # noqa: SIM115  # held, as such datasets do
+        if self.thread:  # a client library's background thread, say
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
 
     def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
         return np.array([self.loaded_in, os.getpid()])

@@ -290,6 +290,23 @@ def test_a_work_whose_loading_opens_a_file_is_loaded_by_each_worker(tmp_path: An
             assert (rows[:, 0] == rows[:, 1]).all()
 
 
+def test_a_work_whose_loading_starts_a_thread_is_loaded_by_fresh_workers() -> None:
+    # No fork is safe from a zygote that runs a thread: each worker is a fresh interpreter.
+    loader = ready(
+        DataLoader(proc_data.WhereLoaded(64, thread=True), batch_size=4, cpu_processes=2)
+    )
+    with loader:
+        rows = _rows(loader)
+        pids = _all_loaded(loader)
+        commands = []
+        for pid in pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as command:
+                commands.append(command.read())
+    assert (rows[:, 0] == rows[:, 1]).all()
+    assert set(rows[:, 1]) <= set(pids)
+    assert all(b"import alone" in command for command in commands), commands
+
+
 def test_a_write_to_a_shared_array_stays_in_the_worker_that_made_it() -> None:
     dataset = proc_data.HoldsArray(64, writes=True)
     before = dataset.table[:, :4].astype(np.int64)
