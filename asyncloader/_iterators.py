@@ -292,11 +292,15 @@ class AsyncEpochIterator:
         return _unwrap(value, self._with_indices)
 
     async def aclose(self) -> None:
-        """Cancel the epoch and wait until its tasks are gone."""
+        """Cancel the epoch and wait until its tasks are gone (an epoch of another event loop
+        is only cancelled: it ends when that loop runs)."""
         self._end()
         self._context = None
         task, self._task = self._task, None
         if task is not None and not task.done():
+            if task.get_loop() is not asyncio.get_running_loop():
+                task.get_loop().call_soon_threadsafe(task.cancel)
+                return
             task.cancel()
             # Wait for the driver without letting its cancellation leak into our caller.
             await asyncio.wait([task])

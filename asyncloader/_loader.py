@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -193,6 +194,8 @@ class DataLoader:
         self._resume: Resume | None = None
         self._skipper: Skipper | None = None
         self._runtime: Runtime | None = None
+        self._async_epochs: weakref.WeakSet[AsyncEpochIterator] = weakref.WeakSet()
+        """The ``async for`` epochs not yet collected, which :meth:`aclose` ends first."""
 
     def _pickled_work(self, kind: str | None) -> PickledWork:
         """What the worker processes run, pickled now, so that what cannot be sent fails
@@ -360,7 +363,7 @@ class DataLoader:
 
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
-        return AsyncEpochIterator(
+        epoch = AsyncEpochIterator(
             self._context(self._runtime_here(), progress.epoch, batches),
             batches,
             self._settings.window,
@@ -368,6 +371,8 @@ class DataLoader:
             with_indices,
             progress,
         )
+        self._async_epochs.add(epoch)
+        return epoch
 
     def __iter__(self) -> Iterator[Any]:
         """Run one epoch; yield its batches in order."""
@@ -394,7 +399,12 @@ class DataLoader:
         self._stop_runtime(dataset_closed=False)
 
     async def aclose(self) -> None:
-        """Await an async dataset's ``aclose()`` on the running loop, then stop the threads."""
+        """End the ``async for`` epochs still open, await an async dataset's ``aclose()`` on
+        the running loop, then stop the threads."""
+        # First: the dataset is closed after the epochs' calls into it, never under them (an
+        # async generator cannot even be closed while an epoch waits in it).
+        for epoch in list(self._async_epochs):
+            await epoch.aclose()
         close = getattr(self._dataset, "aclose", None) if self._is_async else None
         if close is not None and self._runtime is not None:
             try:

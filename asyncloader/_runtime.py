@@ -31,6 +31,13 @@ CLOSE_TIMEOUT_S: Final = 5.0
 
 
 async def _close_all(closers: list[Callable[[], Awaitable[None]]]) -> None:
+    # The epochs still open on this loop end first: a dataset is closed after the calls into
+    # it, never under them (an async generator cannot even be closed while one waits in it).
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in others:
+        task.cancel()
+    if others:
+        await asyncio.wait(others, timeout=CLOSE_TIMEOUT_S)
     for close in closers:
         try:
             await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
+import types
 import weakref
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -247,3 +250,57 @@ def test_closing_the_loader_under_a_live_iterator_fails_it_instead_of_hanging() 
     with pytest.raises(RuntimeError, match="closed"):
         for _ in iterator:
             pass
+
+
+def test_closing_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dataset(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The dataset's aclose() ran while the open epoch still waited in the generator: "aclose():
+    # asynchronous generator is already running", logged with its traceback, and the
+    # generator was closed only after, by the loop's own shutdown.
+    ended: list[str] = []
+
+    async def stalls() -> AsyncGenerator[int, None]:
+        try:
+            yield 1
+            yield 2
+            await asyncio.Event().wait()
+            yield 3
+        finally:
+            ended.append("finally")
+
+    stream: types.AsyncGeneratorType[int, None] = stalls()  # type: ignore[assignment]
+    loader = DataLoader(stream, batch_size=2, num_workers=2)
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [1, 2]
+    with caplog.at_level(logging.ERROR, logger="asyncloader"):
+        loader.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert ended == ["finally"]
+    assert stream.ag_frame is None  # closed
+
+
+async def test_aclose_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dataset(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The same under `async for`: the dataset's aclose() raced the epoch's pull on this loop.
+    ended: list[str] = []
+
+    async def stalls() -> AsyncGenerator[int, None]:
+        try:
+            yield 1
+            yield 2
+            await asyncio.Event().wait()
+            yield 3
+        finally:
+            ended.append("finally")
+
+    stream: types.AsyncGeneratorType[int, None] = stalls()  # type: ignore[assignment]
+    loader = DataLoader(stream, batch_size=2, num_workers=2)
+    iterator = aiter(loader)
+    assert (await anext(iterator)).tolist() == [1, 2]
+    with caplog.at_level(logging.ERROR, logger="asyncloader"):
+        await loader.aclose()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert ended == ["finally"]
+    assert stream.ag_frame is None
