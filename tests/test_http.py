@@ -7,6 +7,7 @@ import datetime
 import email.utils
 import itertools
 import logging
+import re
 import socket
 from typing import Any
 
@@ -210,6 +211,31 @@ def test_invalid_settings_fail_at_construction(server: FaultServer) -> None:
         Retry(max_retries=-1)
     with pytest.raises(ValueError, match="max_backoff"):
         Retry(initial_backoff=2, max_backoff=1)
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        ({"X-Token": "a\r\nInjected: 1"}, "headers['X-Token'] has a control character"),
+        ({"X-Token": "a\x00b"}, "headers['X-Token'] has a control character"),
+        ({"Bad Name": "v"}, "headers: 'Bad Name' is not a header name"),
+        ({"": "v"}, "headers: '' is not a header name"),
+        ({"Content-Length": "5"}, "headers['Content-Length'] frames the request"),
+        ({"transfer-encoding": "chunked"}, "headers['transfer-encoding'] frames the request"),
+        ({"Connection": "close"}, "headers['Connection'] frames the request"),
+    ],
+)
+def test_headers_that_cannot_be_sent_as_they_are_fail_at_construction(
+    server: FaultServer, headers: dict[str, str], said: str
+) -> None:
+    # A control character failed every request instead ("Forbidden control character"); a
+    # name with a space, a Content-Length or a Transfer-Encoding went out on every GET: a
+    # server that believed them read the next request on the connection as this one's body.
+    with pytest.raises(ValueError, match=re.escape(said)) as raised:
+        HttpDataset([server.url], headers=headers)
+    assert "Injected" not in str(raised.value)  # a value is never echoed: it may be a secret
+    # What a user sends on purpose still goes: virtual hosts, non-ASCII values.
+    HttpDataset([server.url], headers={"Host": "example.com", "X-Name": "café"})
 
 
 def test_retry_delays_double_with_jitter_and_honour_retry_after() -> None:

@@ -87,6 +87,32 @@ async def _keep_until_loop_closes(
 
 _CHANGED: Final = "the object changed while it was read"
 
+_TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""A header name (RFC 9110's token)."""
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""What no header value may hold: a CR or LF would end the header, a NUL cut it."""
+_FRAMING: Final = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade"}
+)
+"""Headers that frame a request or manage its connection: the client's own. A GET sent with
+``Content-Length: 5`` and no body makes a server that believes it read the next request on
+the connection as this one's body."""
+
+
+def _check_headers(headers: dict[str, str]) -> None:
+    """Refuse, naming the header but never echoing a value (it may be a secret), a header
+    that cannot go out as it is."""
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"headers: {name[:40]!r} is not a header name")
+        if _CONTROL.search(value):
+            raise ValueError(f"headers[{name!r}] has a control character (CR, LF, NUL...)")
+        if name.lower() in _FRAMING:
+            raise ValueError(
+                f"headers[{name!r}] frames the request or manages its connection, which "
+                "the HTTP client does"
+            )
+
 
 @dataclass(frozen=True)
 class _Version:
@@ -145,7 +171,10 @@ class HttpDataset:
             origin, parsed once (where a parse would leave the URL as it is).
         length: The number of items, for a function or a template of scalars only.
         headers: Headers sent with every request to the locations' origins (never written to
-            messages or logs, never sent to another origin).
+            messages or logs, never sent to another origin). Refused here: a name that is not
+            a header name, a value with a control character, and the headers that frame the
+            request or manage its connection (``Content-Length``, ``Transfer-Encoding``,
+            ``Connection``...), which are the client's.
         timeout: Seconds one request may take, body included (a redirect is a new request).
         retry: How transient failures are retried (408, 429, 5xx gateways, refused or reset
             connections, truncated bodies, time-outs; ``Retry-After`` honoured, in seconds or
@@ -186,6 +215,7 @@ class HttpDataset:
         self.headers = dict(headers or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise TypeError("headers must be a mapping of str to str")
+        _check_headers(self.headers)
         checked = check_timeout("timeout", timeout)
         if checked is None:
             raise ValueError("timeout must be a positive number of seconds, got None")
