@@ -252,6 +252,21 @@ def test_closing_the_loader_under_a_live_iterator_fails_it_instead_of_hanging() 
             pass
 
 
+async def _stalling(ended: list[str]) -> AsyncGenerator[int, None]:
+    """Two items, then a wait that never ends; ``ended`` notes its ``finally``."""
+    try:
+        yield 1
+        yield 2
+        await asyncio.Event().wait()
+        yield 3
+    finally:
+        ended.append("finally")
+
+
+def _stalls(ended: list[str]) -> types.AsyncGeneratorType[int, None]:
+    return _stalling(ended)  # type: ignore[return-value]
+
+
 def test_closing_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dataset(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -259,17 +274,7 @@ def test_closing_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dataset(
     # asynchronous generator is already running", logged with its traceback, and the
     # generator was closed only after, by the loop's own shutdown.
     ended: list[str] = []
-
-    async def stalls() -> AsyncGenerator[int, None]:
-        try:
-            yield 1
-            yield 2
-            await asyncio.Event().wait()
-            yield 3
-        finally:
-            ended.append("finally")
-
-    stream: types.AsyncGeneratorType[int, None] = stalls()  # type: ignore[assignment]
+    stream = _stalls(ended)
     loader = DataLoader(stream, batch_size=2, num_workers=2)
     iterator = iter(loader)
     assert next(iterator).tolist() == [1, 2]
@@ -285,17 +290,7 @@ async def test_aclose_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dat
 ) -> None:
     # The same under `async for`: the dataset's aclose() raced the epoch's pull on this loop.
     ended: list[str] = []
-
-    async def stalls() -> AsyncGenerator[int, None]:
-        try:
-            yield 1
-            yield 2
-            await asyncio.Event().wait()
-            yield 3
-        finally:
-            ended.append("finally")
-
-    stream: types.AsyncGeneratorType[int, None] = stalls()  # type: ignore[assignment]
+    stream = _stalls(ended)
     loader = DataLoader(stream, batch_size=2, num_workers=2)
     iterator = aiter(loader)
     assert (await anext(iterator)).tolist() == [1, 2]
