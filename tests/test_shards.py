@@ -515,6 +515,49 @@ def test_resume_reads_only_the_open_shards_and_the_buffers(folder: Path) -> None
     assert Counted.opened <= 2 + len(buffered_shards)
 
 
+class Open(FileDataset):
+    """A FileDataset that counts the shards open at once, at most."""
+
+    now = peak = 0
+
+    async def stream(self, index: int, sink: Any, blocking: Any) -> None:
+        kind = type(self)
+        kind.now += 1
+        kind.peak = max(kind.peak, kind.now)
+        try:
+            await super().stream(index, sink, blocking)
+        finally:
+            kind.now -= 1
+
+
+def test_a_resume_refills_its_buffer_from_a_few_shards_at_a_time(tmp_path: Path) -> None:
+    # A buffer of samples from 250 one-sample shards: the refill opened all 250 at once
+    # (each reading `buffer` samples ahead), where reading them holds 2 open and 2 ahead.
+    count = 300
+    for shard in range(count):
+        (tmp_path / f"{shard}.tar").write_bytes(shard_bytes(shard, count=1))
+
+    def one_sample_shards() -> TarShards:
+        files = Open([f"{shard}.tar" for shard in range(count)], root=tmp_path)
+        return TarShards(files, interleave=2, shuffle_buffer=250)
+
+    with DataLoader(one_sample_shards(), batch_size=10, seed=3, collate_fn=list) as loader:
+        uncut = [key(s) for batch in loader for s in batch]
+    with DataLoader(one_sample_shards(), batch_size=10, seed=3, collate_fn=list) as loader:
+        iterator: Any = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        iterator.close()
+    assert len(state["source"]["buffered"]) == 250
+    assert Open.peak <= 4
+    Open.peak = 0
+    with DataLoader(one_sample_shards(), batch_size=10, seed=3, collate_fn=list) as restored:
+        restored.load_state_dict(state)
+        resumed = [key(s) for batch in restored for s in batch]
+    assert Open.peak <= 6  # the 2 open, the 2 ahead, and 2 refilling
+    assert resumed == uncut[10:]
+
+
 def state_after_a_batch(folder: Path) -> dict[str, Any]:
     """The state of a loader over ``mixed(folder)`` (seed 2) after its first batch."""
     with DataLoader(mixed(folder), batch_size=4, seed=2, collate_fn=list) as loader:

@@ -380,12 +380,19 @@ class ShardStream:
                 self._walk = None
 
     async def _refill(self, walk: Walk, start: Any) -> list[Any]:
-        """The shuffle buffer's samples of a resumed walk, read again from their shards."""
+        """The shuffle buffer's samples of a resumed walk, read again from their shards,
+        ``interleave`` of them at a time: a buffer can hold samples of hundreds of shards,
+        and each shard read holds a request and ``buffer`` samples."""
         wanted: dict[int, set[int]] = {}
         for p, i in walk.buffered:
             wanted.setdefault(p, set()).add(i)
+        turns = asyncio.Semaphore(self.interleave)
 
         async def read(p: int) -> dict[int, Any]:
+            async with turns:
+                return await read_one(p)
+
+        async def read_one(p: int) -> dict[int, Any]:
             reader: Shard = start(p)
             found: dict[int, Any] = {}
             try:
