@@ -26,12 +26,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ._pool import ThreadPool
 from ._sampler import batch_count
 
 logger = logging.getLogger("asyncloader")
+
+_SKIP_TURN: Final = 1024
+"""Items an async stream's skip-ahead reads between turns it gives the event loop."""
 
 _FAILURES = (Exception, SystemExit)
 """What an iterator raises that ends its epoch after the items read before it: a SystemExit
@@ -309,8 +312,12 @@ class StreamReader:
             if self._iterator is None:
                 self._begin()
                 self._iterator = self._dataset.__aiter__()
-                for _ in range(self._skip):
+                for skipped in range(self._skip):
                     await self._iterator.__anext__()
+                    if skipped % _SKIP_TURN == _SKIP_TURN - 1:
+                        # A generator that never waits would hold the loop for the whole
+                        # skip, deaf to close() and to cancellation.
+                        await asyncio.sleep(0)
             for _ in range(count):
                 items.append(await self._iterator.__anext__())
         except StopAsyncIteration:

@@ -191,3 +191,45 @@ def test_an_iterator_in_a_reference_cycle_is_collected_quickly_and_quietly(kind:
     assert "GeneratorExit" not in result.stderr
     assert result.stderr == ""
     assert float(result.stdout.strip()) < 2.5  # not the 5 s bounded wait
+
+
+def test_closing_during_a_long_skip_ahead_of_an_async_stream_stops_it() -> None:
+    # A resumed stream without a state of its own reads its first batches again. An async
+    # generator that never waits kept the loop thread in that loop: close() waited 8 s for
+    # it, then left it spinning a core.
+    child = run_child(
+        """
+        import threading, time, warnings
+        from asyncloader import DataLoader
+
+        class Endless:
+            async def __aiter__(self):
+                n = 0
+                while True:
+                    yield n
+                    n += 1
+
+        with DataLoader(Endless(), batch_size=4) as first:
+            iterator = iter(first)
+            next(iterator)
+            state = first.state_dict()
+            iterator.close()
+        state["batches_received"] = 10**12
+        loader = DataLoader(Endless(), batch_size=4, timeout=1)
+        with warnings.catch_warnings(record=True):
+            loader.load_state_dict(state)
+        iterator = iter(loader)
+        try:
+            next(iterator)
+        except TimeoutError:
+            print("timed out")
+        started = time.perf_counter()
+        loader.close()
+        print("closed in", round(time.perf_counter() - started, 1))
+        print("loop threads", [t.name for t in threading.enumerate() if "loop" in t.name])
+        """
+    )
+    assert child.returncode == 0, child.stderr
+    assert "timed out" in child.stdout
+    assert "closed in 0.0" in child.stdout or "closed in 0.1" in child.stdout, child.stdout
+    assert "loop threads []" in child.stdout
