@@ -203,6 +203,59 @@ def test_members_that_are_not_files_are_passed_over() -> None:
     assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"z"}]
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("link", b"1"),
+        ("link", b"2"),
+        ("dev", b"3"),
+        ("dev", b"4"),
+        ("dir", b"5"),
+        ("fifo", b"6"),
+        ("v7dir/", b"\0"),
+    ],
+)
+def test_links_devices_and_folders_have_no_data_whatever_their_size_says(
+    name: str, kind: bytes
+) -> None:
+    # tarfile reads no data after these, whatever their size field says: the parser took
+    # the next 1,024 bytes (b's header and data) as theirs and lost sample b, silently.
+    data = (
+        write([("a.jpg", b"A")])[:1024]
+        + header(name, b"00000001750\x00", kind=kind)
+        + write([("b.jpg", b"B")])
+    )
+    samples, error = parse(data)
+    assert error is None
+    assert samples == tarfile_samples(data)
+    assert [s["__key__"] for s in samples] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("name", "kind"), [("vol", b"V"), ("__meta__", b"0"), ("x", b"K")])
+def test_members_passed_over_are_not_held_whatever_their_size(name: str, kind: bytes) -> None:
+    # 64 MiB of zeros in a member that is no sample's (an unknown type, WebDataset's
+    # metadata, a long link name), 290 KB gzipped: held whole, 135 MiB traced under
+    # max_bytes=1 MiB. tarfile passes over their data too.
+    size = 64 << 20
+    data = (
+        write([("a.jpg", b"A")])[:1024]
+        + header(name, f"{size:011o}\x00".encode(), kind=kind)
+        + bytes(size)
+        + write([("b.jpg", b"B")])
+    )
+    assert [s["__key__"] for s in tarfile_samples(data)] == ["a", "b"]
+    packed = gzip.compress(data, 1)
+    tracemalloc.start()
+    try:
+        samples, error = parse(packed, chunk=65536, max_bytes=2**20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert error is None
+    assert [s["__key__"] for s in samples] == ["a", "b"]
+    assert peak < 6 * 2**20
+
+
 def header(name: str, size_field: bytes, kind: bytes = b"0") -> bytes:
     """A ustar header with a given size field and type, its checksum right."""
     block = bytearray(512)

@@ -19,15 +19,15 @@ in docs/streaming.md, "Parsing").
 Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
 negative, a member's size, and its sample's with it, are checked against ``max_bytes`` before
 its data is held, names are only split (never used as paths), members that are not regular
-files (links, folders, devices) and WebDataset's ``__meta__`` files are passed over, and
-sparse members are refused. A stream that is not a tar, has a bad header, ends before tar's
-end-of-archive block, or has a member that takes its sample over the limit, a name with no
-key or no extension, or an extension twice in one sample sets the parser's ``error`` to a
-:class:`ShardError` naming the shard and the member (the samples before it are still handed
-out). A compressed stream is inflated at most :data:`INFLATE_STEP` bytes at a time and no
-further than the end of the archive, and the extended headers held at once (long names, pax
-records, which add up) are bounded as one sample is, so a decompression bomb costs no more
-memory than its largest sample and one step.
+files (links, folders, devices) and WebDataset's ``__meta__`` files are passed over (their
+data, where tarfile reads any, never held), and sparse members are refused. A stream that is
+not a tar, has a bad header, ends before tar's end-of-archive block, or has a member that takes
+its sample over the limit, a name with no key or no extension, or an extension twice in one
+sample sets the parser's ``error`` to a :class:`ShardError` naming the shard and the member
+(the samples before it are still handed out). A compressed stream is inflated at most
+:data:`INFLATE_STEP` bytes at a time and no further than the end of the archive, and the
+extended headers held at once (long names, pax records, which add up) are bounded as one sample
+is, so a decompression bomb costs no more memory than its largest sample and one step.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ have; int() refuses a string of thousands, and takes non-ASCII digits)."""
 _REGULAR: Final = frozenset({b"0", b"\0", b"7"})
 _NAMES: Final = frozenset({b"L", b"x", b"g"})
 """GNU long names and pax headers: they name (or size) the member that follows."""
+_NO_DATA: Final = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
+"""Links, devices, folders and FIFOs: tarfile reads no data after them, whatever their size
+field (or a pax ``size``) says, so neither does the parser."""
 _FIRST: Final = "(the first header)"
 _SIGNED: Final = struct.Struct("148b8x356b")
 
@@ -179,6 +182,8 @@ class TarParser:
         self._held = [0, 0]
         """The bytes of the pax records held: the global ones, and the next member's."""
         self._long_name: str | None = None
+        self._discard = 0
+        """Bytes still to pass over: the data of a member that is no sample's, never held."""
         self._out: list[dict[str, Any]] = []
         self.error: ShardError | None = None
         """Why the shard could not be read to its end, once that is known."""
@@ -297,6 +302,12 @@ class TarParser:
         member's data in one step; where the first unit that is not whole begins."""
         end = len(view)
         while not self._ended:
+            if self._discard:
+                passed = min(self._discard, end - at)
+                self._discard -= passed
+                at += passed
+                if self._discard:
+                    return at
             header = self._header
             if header is None:
                 if end - at < BLOCK:
@@ -306,7 +317,14 @@ class TarParser:
                 if block == ZEROS:
                     self._end_archive()
                     return at
-                header = self._header = self._read_header(block)
+                header = self._read_header(block)
+                if header[3] is None and header[2] not in _NAMES:
+                    # No sample's, nor a name for the next: its data, of any size, is
+                    # passed over as it comes (a 64 MiB member is 290 KB gzipped).
+                    self._member_done(header, b"")
+                    self._discard = header[1] + -header[1] % BLOCK
+                    continue
+                self._header = header
             size = header[1]
             needed = size + -size % BLOCK
             if end - at < needed:
@@ -349,6 +367,10 @@ class TarParser:
                 size = int(pax_size) if _PAX_SIZE.fullmatch(pax_size) else None
         if size is None:
             raise self._fail(name, "has an invalid size field")
+        if kind == b"\0" and _text(block[0:100]).endswith("/"):
+            kind = b"5"  # old V7 tar's folder: a regular file whose name ends in a slash
+        if kind in _NO_DATA:
+            size = 0
         if kind == b"S" or (local and any(key.startswith("GNU.sparse") for key in local)):
             raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
         limit = self.max_bytes
