@@ -231,6 +231,23 @@ def test_links_devices_and_folders_have_no_data_whatever_their_size_says(
     assert [s["__key__"] for s in samples] == ["a", "b"]
 
 
+def test_a_pax_path_ends_in_no_slash_as_tarfile_reads_it() -> None:
+    # tarfile strips a pax path's trailing slashes: "b.jpg/" names the file b.jpg, a sample,
+    # which the parser passed over as a folder, silently.
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, path in (("a.jpg", None), ("b.jpg", "b.jpg//"), ("c.jpg", None)):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            if path is not None:
+                info.pax_headers = {"path": path}
+            archive.addfile(info, io.BytesIO(name[:1].encode()))
+    samples, error = parse(out.getvalue())
+    assert error is None
+    assert samples == tarfile_samples(out.getvalue())
+    assert [s["__key__"] for s in samples] == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize(("name", "kind"), [("vol", b"V"), ("__meta__", b"0"), ("x", b"K")])
 def test_members_passed_over_are_not_held_whatever_their_size(name: str, kind: bytes) -> None:
     # 64 MiB of zeros in a member that is no sample's (an unknown type, WebDataset's

@@ -354,7 +354,9 @@ class TarParser:
         extended = self._long_name is not None or local or self._global
         name = None
         if extended:
-            name = self._long_name or local.get("path") or self._global.get("path")
+            path = local.get("path") or self._global.get("path")
+            # tarfile strips a pax path's trailing slashes: "a.jpg/" names the file a.jpg.
+            name = self._long_name or (None if path is None else path.rstrip("/"))
         if name is None:
             name = _text(block[0:100])
             if block[345] and kind not in (b"L", b"K", b"S"):  # a ustar prefix
