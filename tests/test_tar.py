@@ -119,6 +119,51 @@ def test_the_parser_gives_what_tarfile_gives(
     assert got == tarfile_samples(data)
 
 
+KINDS = [tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE, tarfile.DIRTYPE]
+KINDS += [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE, tarfile.CHRTYPE, b"V"]
+HAS_DATA = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE, b"V"}
+"""The kinds tarfile reads data after (the regular ones, and a type it does not know)."""
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    members=st.lists(
+        st.tuples(
+            st.sampled_from(KINDS),
+            st.sampled_from(["a.jpg", "b.cls", "d/c.json", "e" * 120 + ".jpg", "__meta__"]),
+            st.sampled_from(["", "/", "//"]),
+            st.booleans(),  # its name in a pax path
+            st.binary(max_size=700),
+        ),
+        max_size=8,
+    ),
+    form=st.sampled_from(sorted(FORMATS)),
+    chunk=st.integers(1, 3000),
+)
+def test_every_kind_of_member_gives_what_tarfile_gives(
+    members: list[tuple[bytes, str, str, bool, bytes]], form: str, chunk: int
+) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=FORMATS[form]) as archive:
+        for number, (kind, name, slashes, pax, data) in enumerate(members):
+            named = f"{number}{name}{slashes}"
+            info = tarfile.TarInfo("x" if pax and form == "pax" else named)
+            if pax and form == "pax":
+                info.pax_headers = {"path": named}
+            info.type = kind
+            body = data if kind in HAS_DATA and not (kind == b"\0" and named.endswith("/")) else b""
+            info.size = len(body)
+            try:
+                archive.addfile(info, io.BytesIO(body))
+            except ValueError:  # a name ustar cannot hold
+                return
+    samples, error = parse(out.getvalue(), chunk)
+    if error is not None:  # refused where tarfile would not: only for a name of no sample
+        assert "no key and extension" in str(error)
+        return
+    assert samples == tarfile_samples(out.getvalue())
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000), st.integers(1, 700))
 def test_any_bytes_give_samples_or_a_shard_error(data: bytes, chunk: int) -> None:
