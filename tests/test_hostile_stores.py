@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .raw_server import run_raw_server
+from .raw_server import response, run_raw_server
 
 ROOT = Path(__file__).parent.parent
 
@@ -80,3 +80,55 @@ def test_a_server_that_never_answers_is_a_time_out() -> None:
     with run_raw_server(lambda path, headers: [30.0]) as server:
         kind, message = fetch(server.url, KEYS)[:2]
     assert kind.split()[0] == "TimeoutError", message
+
+
+ENDLESS_PAGE = b"""<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">
+<Name>bucket</Name><Prefix></Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>
+<IsTruncated>true</IsTruncated><NextContinuationToken>again</NextContinuationToken>
+<Contents><Key>a.tar</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>
+<ETag>"e"</ETag><Size>1</Size><StorageClass>STANDARD</StorageClass></Contents>
+</ListBucketResult>"""
+
+LIST_SCRIPT = """
+import asyncio, time
+from asyncloader import ObjectStoreDataset
+
+async def main():
+    try:
+        await ObjectStoreDataset.from_prefix(
+            "s3://bucket/", allow_http=True, endpoint={endpoint!r}, region="us-east-1", {keys}
+        )
+    except Exception as error:
+        print(type(error).__name__)
+        print(error)
+
+asyncio.run(main())
+"""
+
+
+def test_a_listing_that_pages_without_end_fails_at_its_first_repeat() -> None:
+    # A server whose every page says "truncated, go on" with the same token and keys: the
+    # listing was read without end (31,000 pages in 5 s, each kept), so the call never came
+    # back (the child's 30 s time-out).
+    pages: list[str] = []
+
+    def page(path: str, headers: dict[str, str]) -> bytes:
+        pages.append(path)
+        return response(200, ENDLESS_PAGE, {"Content-Type": "application/xml"})
+
+    with run_raw_server(page) as server:
+        script = textwrap.dedent(LIST_SCRIPT.format(endpoint=server.url, keys=KEYS))
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
+        )
+    lines = result.stdout.splitlines()
+    assert lines[:1] == ["OSError"], (result.stdout, result.stderr[-2000:])
+    assert "lists an object twice" in lines[1]
+    # Keys are checked a chunk of 1,000 at a time: here that is 1,000 pages of one key each.
+    assert len(pages) <= 1000

@@ -70,6 +70,10 @@ def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str,
         raise ValueError(f"cannot open store {redact_url(url)!r}: {_clean(error)}") from None
 
 
+class _Repeated(Exception):
+    """A listing named a key it had named before."""
+
+
 def _clean(error: BaseException) -> str:
     text = redact_text(str(error))
     return text.splitlines()[0] if text else type(error).__name__
@@ -195,14 +199,25 @@ class ObjectStoreDataset:
         retry = retry if retry is not None else Retry()
         store = open_store(url, retry, timeout, options)
         failure: Exception | None = None
+        listed: set[str] = set()
         try:
-            # One awaited call for the whole listing: no stream is left half-read.
-            listing = await obstore.list(store, chunk_size=1000).collect_async()
-            keys = sorted(meta["path"] for meta in listing)
+            # Page by page, each awaited whole (no request is left in flight when it stops).
+            async for page in obstore.list(store, chunk_size=1000):
+                for meta in page:
+                    if meta["path"] in listed:
+                        # A store lists each key once: a server that pages without end
+                        # (the same token, the same keys) would be read forever.
+                        raise _Repeated
+                    listed.add(meta["path"])
+        except _Repeated:
+            failure = OSError(
+                f"LIST {redact_url(url)}: the server lists an object twice (its pages repeat, "
+                "so the listing would not end)"
+            )
         except Exception as error:
             failure = _translate(error, f"LIST {redact_url(url)}")
         else:
-            if not keys:
+            if not listed:
                 failure = FileNotFoundError(f"no object under {redact_url(url)}")
         if failure is not None:
             # The store goes now, not with the failed task's reference cycle at some later
@@ -212,7 +227,7 @@ class ObjectStoreDataset:
                 raise failure
             finally:
                 del failure
-        return cls(store, keys, retry=retry, max_bytes=max_bytes)
+        return cls(store, sorted(listed), retry=retry, max_bytes=max_bytes)
 
     def __len__(self) -> int:
         return len(self.locations)
