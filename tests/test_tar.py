@@ -480,3 +480,21 @@ def test_a_compressed_stream_is_inflated_no_further_than_the_archives_end() -> N
     assert error is None
     assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"x"}]
     assert peak < 4 * INFLATE_STEP
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 4096, 1 << 20])
+@pytest.mark.parametrize("compress", ["gz", "bz2", "xz"])
+def test_a_compressed_file_of_many_streams_is_read_whole(chunk: int, compress: str) -> None:
+    # A gzip file is a series of members (RFC 1952), and bz2 and xz files series of streams:
+    # bgzip and pbzip2 write many, `cat` of two files makes two. The parser stopped at the
+    # first one's end and failed the shard as cut short after 10 of its 20 samples (Python's
+    # gzip, bz2 and lzma modules, tar xf and tarfile's seekable modes read them all).
+    data = write([(f"{i}.txt", bytes([i]) * 3000) for i in range(20)])
+    third = len(data) // 3
+    pieces = (COMPRESS[compress](data[at : at + third]) for at in range(0, len(data), third))
+    members = b"".join(pieces)
+    assert {"gz": gzip, "bz2": bz2, "xz": lzma}[compress].decompress(members) == data
+    samples, error = parse(members, chunk)
+    assert error is None
+    assert samples == tarfile_samples(data)
+    assert len(samples) == 20

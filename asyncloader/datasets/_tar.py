@@ -6,7 +6,8 @@ after the first dot of its last component, lower-cased), as WebDataset splits th
 ``{"__key__": "000123", "__shard__": shard, "jpg": b"...", "cls": b"...", "json": b"..."}``.
 
 :class:`TarParser` is fed the stream's chunks (gzip, bzip2 or xz ones are inflated first,
-as tarfile's ``r|*`` mode would) and gives the samples each chunk completes, so a shard is
+as tarfile's ``r|*`` mode would, also a file of many members or streams, which that mode
+refuses) and gives the samples each chunk completes, so a shard is
 read with one streaming request and parsed on the event loop as it comes, holding only the
 sample being read. A compressed chunk is inflated a step at a time, each step's samples
 given before the next step is made, so that the caller can wait for room between them. It
@@ -37,7 +38,7 @@ import lzma
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 BLOCK: Final = 512
@@ -73,32 +74,51 @@ class ShardError(OSError):
 
 
 class _Zlib:
+    """gzip: a series of members (RFC 1952; bgzip writes many, as ``cat`` of two files does),
+    each inflated in turn."""
+
     def __init__(self) -> None:
-        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
 
     def step(self, data: bytes) -> bytes:
-        return self._inflate.decompress(self._inflate.unconsumed_tail + data, INFLATE_STEP)
+        inflate = self._inflate
+        if inflate.eof:  # the member ended: what follows is the next one's
+            data = inflate.unused_data + data
+            if not data:
+                return b""
+            inflate = self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return inflate.decompress(inflate.unconsumed_tail + data, INFLATE_STEP)
 
     @property
     def pending(self) -> bool:
-        return bool(self._inflate.unconsumed_tail)
+        inflate = self._inflate
+        return bool(inflate.unconsumed_tail or (inflate.eof and inflate.unused_data))
 
 
 class _Stepped:
-    """bz2 and lzma decompressors: ``max_length`` steps, with ``needs_input``."""
+    """bz2 and lzma: ``max_length`` steps, with ``needs_input``; a series of streams (pbzip2
+    writes many), each inflated in turn."""
 
-    def __init__(self, inflate: Any) -> None:
-        self._inflate = inflate
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._inflate = make()
 
     def step(self, data: bytes) -> bytes:
-        if self._inflate.eof:
-            return b""
-        out: bytes = self._inflate.decompress(data, INFLATE_STEP)
+        inflate = self._inflate
+        if inflate.eof:  # the stream ended: what follows is the next one's
+            data = inflate.unused_data + data
+            if not data:
+                return b""
+            inflate = self._inflate = self._make()
+        out: bytes = inflate.decompress(data, INFLATE_STEP)
         return out
 
     @property
     def pending(self) -> bool:
-        return not self._inflate.eof and not self._inflate.needs_input
+        inflate = self._inflate
+        if inflate.eof:
+            return bool(inflate.unused_data)
+        return not inflate.needs_input
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -249,9 +269,9 @@ class TarParser:
         if head.startswith(b"\x1f\x8b"):
             self._inflater = _Zlib()
         elif head.startswith(b"BZh"):
-            self._inflater = _Stepped(bz2.BZ2Decompressor())
+            self._inflater = _Stepped(bz2.BZ2Decompressor)
         elif head.startswith(b"\xfd7zXZ\x00"):
-            self._inflater = _Stepped(lzma.LZMADecompressor())
+            self._inflater = _Stepped(lzma.LZMADecompressor)
 
     def _inflate(self, chunk: Any) -> Iterator[None]:
         inflater = self._inflater
