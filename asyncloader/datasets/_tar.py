@@ -5,17 +5,16 @@ after the first dot of its last component, lower-cased), as WebDataset splits th
 ``000123.jpg``, ``000123.cls`` and ``000123.json`` become one sample
 ``{"__key__": "000123", "__shard__": shard, "jpg": b"...", "cls": b"...", "json": b"..."}``.
 
-:class:`TarParser` is fed the stream's chunks (gzip, bzip2 or xz ones are inflated first,
-as tarfile's ``r|*`` mode would, also a file of many members or streams, which that mode
-refuses) and gives the samples each chunk completes, so a shard is
-read with one streaming request and parsed on the event loop as it comes, holding only the
-sample being read. A compressed chunk is inflated a step at a time, each step's samples
-given before the next step is made, so that the caller can wait for room between them. It
-reads the formats :mod:`tarfile` writes and reads (ustar, GNU long names, pax ``path`` and
-``size`` records) the way tarfile reads them, and the tests check that it gives what tarfile
-gives. tarfile itself is not used: its stream mode reads with blocking calls (a thread per
-open shard), and parsing with it cost most of the loader's time per sample (the figures are
-in docs/streaming.md, "Parsing").
+:class:`TarParser` is fed the stream's chunks (gzip, bzip2 or xz ones are inflated first, as
+tarfile's ``r|*`` mode would, also a file of many members or streams, which that mode refuses)
+and gives the samples each chunk completes, so a shard is read with one streaming request and
+parsed on the event loop as it comes, holding only the sample being read. A compressed chunk is
+inflated a step at a time, each step's samples given before the next step is made, so that the
+caller can wait for room between them. It reads the formats :mod:`tarfile` writes and reads
+(ustar, GNU long names, pax ``path`` and ``size`` records) the way tarfile reads them, and the
+tests check that it gives what tarfile gives. tarfile itself is not used: its stream mode reads
+with blocking calls (a thread per open shard), and parsing with it cost most of the loader's
+time per sample (the figures are in docs/streaming.md, "Parsing").
 
 Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
 negative, a member's size, and its sample's with it, are checked against ``max_bytes`` before
