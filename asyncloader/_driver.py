@@ -118,13 +118,7 @@ class _Streamed(_Whole):
         self.reader = reader
 
     async def fetch(self, indices: list[int]) -> list[Any]:
-        recorder = self.context.recorder
-        started = recorder.fetch_started(len(indices))
-        items: list[Any] | None = None
-        try:
-            items = await self.reader.pull(len(indices))
-        finally:
-            recorder.fetch_done(started, items, len(indices))
+        items = await self.reader.pull(len(indices), self.context.recorder)
         skipper = self.context.skipper
         for position, item in enumerate(items):
             if type(item) is SampleError:

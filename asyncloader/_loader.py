@@ -183,11 +183,13 @@ class DataLoader:
         limit = self._settings.requests_in_flight if kind is None else 1  # a stream: a reader
         if self._work is not None and kind is None and not self._is_async:
             limit = self._settings.batch_tasks  # batches fetched whole in worker processes
+        interleave = getattr(dataset, "interleave", 0) if kind is not None else 0
         self._recorder = Recorder(
             limit,
             self._settings.cpu_threads,
             stream=kind is not None,
             processes=self._settings.cpu_processes,
+            interleave=interleave if type(interleave) is int else 0,  # a shard stream's
         )
         self._epoch = 0
         self._progress: Progress | None = None

@@ -127,6 +127,8 @@ class LoaderStats:
         transform_cpu_s: CPU seconds the transform used (its threads' own, not the time they
             waited): next to ``transform.total_s`` it shows whether threads ran it at once.
         cpu_processes: Worker processes of the CPU stage (0: threads).
+        interleave: Shards a shard stream (``TarShards``, ``ParquetShards``) reads at once;
+            0 for any other dataset.
     """
 
     fetch: StageStats = field(default_factory=StageStats)
@@ -150,6 +152,7 @@ class LoaderStats:
     stream: bool = False
     transform_cpu_s: float = 0.0
     cpu_processes: int = 0
+    interleave: int = 0
 
     def gil_bound(self) -> bool:
         """Whether the transform holds the GIL so that more threads cannot speed it up: it
@@ -186,6 +189,12 @@ class LoaderStats:
             ("collate", collate_busy),
             key=lambda pair: pair[1],
         )[0]
+        if stage == "fetch" and self.interleave:
+            return "fetch", (
+                f"the shards' reader takes {self.fetch.mean_s * 1000:.2f} ms a batch from "
+                f"interleave={self.interleave} shards; raise interleave while their storage's "
+                "latency is the bound (their parsing runs on the event loop's thread)"
+            )
         if stage == "fetch" and self.stream:
             return "fetch", (
                 f"one reader pulls the stream, {self.fetch.mean_s * 1000:.2f} ms a batch; make "
@@ -263,12 +272,18 @@ class Recorder:
     """The mutable counters behind :class:`LoaderStats`; safe to update from any thread."""
 
     def __init__(
-        self, requests_limit: int, cpu_threads: int, stream: bool = False, processes: int = 0
+        self,
+        requests_limit: int,
+        cpu_threads: int,
+        stream: bool = False,
+        processes: int = 0,
+        interleave: int = 0,
     ) -> None:
         self.requests_limit = requests_limit
         self.cpu_threads = cpu_threads
         self.stream = stream
         self.processes = processes
+        self.interleave = interleave
         self._lock = threading.Lock()
         self.reset()
 
@@ -455,4 +470,5 @@ class Recorder:
                 stream=self.stream,
                 transform_cpu_s=self.transform_cpu,
                 cpu_processes=self.processes,
+                interleave=self.interleave,
             )

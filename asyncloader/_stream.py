@@ -26,10 +26,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._pool import ThreadPool
 from ._sampler import batch_count
+
+if TYPE_CHECKING:
+    from ._stats import Recorder
 
 logger = logging.getLogger("asyncloader")
 
@@ -203,11 +206,12 @@ class StreamReader:
         self._failure: BaseException | None = None
         """The iterator's error, raised at the batch after the items read before it."""
 
-    async def pull(self, count: int) -> list[Any]:
+    async def pull(self, count: int, recorder: Recorder | None = None) -> list[Any]:
         """The next ``count`` items (fewer at the stream's end; none after it, nor for a short
         last batch under ``drop_last``). An error of the iterator ends the epoch's stream: the
         items read before it come out as a short batch, and the error is raised at the next
-        (at once if there were none)."""
+        (at once if there were none). ``recorder`` counts the read of the iterator as a
+        dataset call: not the wait for the reader, which reads one batch at a time."""
         async with self._lock:
             if self._failure is not None:
                 failure, self._failure = self._failure, None
@@ -215,15 +219,22 @@ class StreamReader:
                 raise failure
             if self.ended:
                 return []
+            started = 0.0 if recorder is None else recorder.fetch_started(count)
+            read: list[Any] | None = None
             try:
                 if self._async:
                     with telling(self._info):
-                        items, ended, state = await self._pull_async(count)
+                        read, ended, state = await self._pull_async(count)
                 else:
-                    items, ended, state = await self._io.run(self._pull_sync, count)
+                    read, ended, state = await self._io.run(self._pull_sync, count)
             except BaseException:
                 self.ended, self.end = True, self._pulled + 1
                 raise
+            finally:
+                if recorder is not None:
+                    recorder.fetch_done(started, read, count)
+            assert read is not None  # else the read raised
+            items = read
             self._pulled += 1
             if state is not None:
                 self._states[self._pulled] = state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import threading
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from asyncloader import DataLoader, HttpDataset, Retry, SkipBudgetExceeded
+from asyncloader import DataLoader, HttpDataset, Retry, SkipBudgetExceeded, StageStats
 
 from .datasets import AsyncData, SyncData
 from .servers import FaultServer, body
@@ -152,6 +153,55 @@ def test_the_report_names_a_fetch_bound_loader() -> None:
     assert stats.bottleneck()[0] == "fetch"
     assert "fetch-bound" in stats.report()
     assert "raise item_concurrency" in stats.report()
+
+
+class SlowStream:
+    """A stream whose every item takes its reader 2 ms (the iterator's own work)."""
+
+    def __iter__(self) -> Any:
+        for item in range(100):
+            time.sleep(0.002)
+            yield item
+
+
+def test_a_stream_counts_one_pull_in_flight_and_only_its_own_time() -> None:
+    # Its reader pulls one batch at a time; the lanes that waited for it were counted as
+    # pulls in flight (4 "of 1") and their waits as fetch time (several times the epoch's).
+    with DataLoader(SlowStream(), batch_size=5, num_workers=4) as loader:
+        assert sum(len(batch) for batch in loader) == 100
+        stats = loader.stats()
+    assert stats.requests_limit == 1
+    assert stats.peak_in_flight == 1
+    assert stats.fetch.count == 21  # 20 batches, and the pull that found the end
+    assert stats.fetch.total_s <= stats.active_s
+    assert "one reader pulls the stream" in stats.report()
+
+
+def test_a_shard_stream_is_advised_on_its_interleave_not_to_store_shards(tmp_path: Any) -> None:
+    # A TarShards loader bound by its reader was told to "store the data in shards".
+    from asyncloader import FileDataset, TarShards
+
+    from .test_shards import shard_bytes
+
+    (tmp_path / "0.tar").write_bytes(shard_bytes(0))
+    shards = TarShards(FileDataset(["0.tar"], root=tmp_path), interleave=3)
+    with DataLoader(shards, batch_size=2, collate_fn=list) as loader:
+        assert sum(len(batch) for batch in loader) == 7
+        stats = loader.stats()
+    assert stats.interleave == 3
+    reader_bound = dataclasses.replace(
+        stats,
+        active_s=1.0,
+        fetch=StageStats(20, 0.9, 0.045, 0.04, 0.09),
+        consumer_wait=StageStats(20, 0.95, 0.05, 0.05, 0.06),
+    )
+    stage, advice = reader_bound.bottleneck()
+    assert stage == "fetch"
+    assert "raise interleave" in advice
+    assert "interleave=3" in advice
+    assert "store the data in shards" not in advice
+    plain = dataclasses.replace(reader_bound, interleave=0)
+    assert "store the data in shards" in plain.bottleneck()[1]
 
 
 def test_the_report_names_a_transform_bound_loader() -> None:
