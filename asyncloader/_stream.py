@@ -88,7 +88,8 @@ def check_stream_settings(
         if value:
             raise ValueError(
                 f"{name} orders a map-style dataset's indices; a stream dataset has none, so "
-                f"{name} must not be given (as in torch)"
+                f"{name} must not be given (as in torch): a stream shuffles itself "
+                "(TarShards and ParquetShards: shuffle=True, shuffle_buffer=N)"
             )
     if batch_sampler is not None:
         raise ValueError("batch_sampler needs a map-style dataset; this dataset is a stream")

@@ -125,8 +125,9 @@ def test_len_is_the_streams_batches_when_it_has_a_len_and_a_type_error_otherwise
 
 
 def test_settings_that_order_indices_are_refused_for_a_stream() -> None:
-    with pytest.raises(ValueError, match="shuffle"):
+    with pytest.raises(ValueError, match="shuffle") as refused:
         DataLoader(Numbers(3), shuffle=True)
+    assert "shuffle=True, shuffle_buffer=N" in str(refused.value)  # where a stream shuffles
     with pytest.raises(ValueError, match="sampler"):
         DataLoader(Numbers(3), sampler=[0, 1, 2])
     with pytest.raises(ValueError, match="batch_sampler"):
