@@ -142,6 +142,27 @@ def test_a_row_group_over_max_bytes_fails_before_it_is_read(folder: Path) -> Non
         next(iter(loader))
 
 
+def test_max_bytes_counts_only_the_columns_read(tmp_path: Path) -> None:
+    # Labels beside images: row groups of 2 MB, nearly all of it a column not read. Every
+    # row group was refused under max_bytes=1 MiB by its whole size, the labels never given.
+    blobs = [bytes([i]) * 100_000 for i in range(40)]
+    labels = pa.table(
+        {"label": list(range(40)), "image": blobs, "nested": [{"a": i} for i in range(40)]}
+    )
+    pq.write_table(labels, tmp_path / "labels.parquet", row_group_size=20, compression="none")
+    files = FileDataset(["labels.parquet"], root=tmp_path)
+    dataset = ParquetShards(files, columns=["label", "nested"], max_bytes=1 << 20)
+    with DataLoader(dataset, batch_size=8, collate_fn=list) as loader:
+        rows = [row for batch in loader for row in batch]
+    assert [row["label"] for row in rows] == list(range(40))
+    assert rows[3]["nested"] == {"a": 3}
+    assert "image" not in rows[0]
+    whole = ParquetShards(files, max_bytes=1 << 20)  # the image column too: over the limit
+    loader = DataLoader(whole, batch_size=8, collate_fn=list)
+    with loader, pytest.raises(OSError, match=r"row group 0 is \d+ bytes, over max_bytes"):
+        next(iter(loader))
+
+
 def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: Path) -> None:
     # 20,000 copies of a 10 KB string: the footer says about 10 KB (one dictionary entry), the
     # file is under 1 KB, and the rows decode to 200 MB: a bomb that the footer's size misses.

@@ -24,6 +24,20 @@ _ROWS_A_STEP = 1024
 ``max_bytes``, and between waits for room in the shard's buffer."""
 
 
+def _size_read(group: Any, columns: list[str] | None) -> int:
+    """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
+    ``columns`` reads: a name selects its column, and every field nested in it."""
+    if columns is None:
+        return int(group.total_byte_size)
+    size = 0
+    for number in range(group.num_columns):
+        column = group.column(number)
+        path = column.path_in_schema
+        if any(path == name or path.startswith(name + ".") for name in columns):
+            size += column.total_uncompressed_size
+    return size
+
+
 class _Opened:
     """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
 
@@ -96,9 +110,10 @@ class ParquetShards(ShardStream):
         columns: The columns read (all by default).
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
-        max_bytes: The largest row group accepted: its uncompressed size in the footer,
-            checked before it is read, and its rows' size once decoded (dictionaries and runs
-            of repeated values expanded), checked every 1,024 rows as they are decoded.
+        max_bytes: The largest row group accepted: its uncompressed size in the footer
+            (of the columns read), checked before it is read, and its rows' size once
+            decoded (dictionaries and runs of repeated values expanded), checked every 1,024
+            rows as they are decoded.
 
     Raises:
         ImportError: pyarrow is not installed (``pip install asyncloader[parquet]``).
@@ -150,10 +165,11 @@ class ParquetShards(ShardStream):
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
-                    if limit is not None and info.total_byte_size > limit:
+                    size = _size_read(info, columns) if limit is not None else 0
+                    if limit is not None and size > limit:
                         raise ShardError(
-                            f"shard {shard.name}: row group {group} is {info.total_byte_size} "
-                            f"bytes, over max_bytes={limit}"
+                            f"shard {shard.name}: row group {group} is {size} bytes, over "
+                            f"max_bytes={limit}"
                         )
                     await blocking(opened.begin, group, columns)
                     place = first
