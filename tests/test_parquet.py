@@ -163,6 +163,40 @@ def test_max_bytes_counts_only_the_columns_read(tmp_path: Path) -> None:
         next(iter(loader))
 
 
+def with_negative_rows(data: bytes) -> bytes:
+    """``data`` with its first row group's row count made negative in the footer (the byte
+    of its zigzag varint, found by trying each candidate until pyarrow reads the change)."""
+    length = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - length
+    rows = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).num_rows
+    value = bytes([0x16, 2 * rows])  # field 3 (i64) after field 2, zigzag-encoded
+    at = data.find(value, start)
+    while at >= 0:
+        changed = bytearray(data)
+        changed[at + 1] = 2 * rows - 1  # zigzag of -rows
+        try:
+            meta = pq.ParquetFile(pa.BufferReader(bytes(changed))).metadata
+        except OSError:
+            meta = None
+        if meta is not None and meta.row_group(0).num_rows == -rows:
+            return bytes(changed)
+        at = data.find(value, at + 1)
+    raise AssertionError("no row count found in the footer")
+
+
+def test_a_negative_row_count_in_the_footer_fails_the_shard(tmp_path: Path) -> None:
+    # A row group whose footer says -20 rows (pyarrow refuses to read it as corrupt) was
+    # taken for one to skip: it was passed over, and the next 20 rows of the shard were
+    # dropped with it, all silently.
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": list(range(40))}), sink, row_group_size=20)
+    (tmp_path / "corrupt.parquet").write_bytes(with_negative_rows(bytes(sink.getvalue())))
+    dataset = ParquetShards(FileDataset(["corrupt.parquet"], root=tmp_path))
+    loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+    with loader, pytest.raises(OSError, match="row group 0 has -20 rows"):
+        next(iter(loader))
+
+
 def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: Path) -> None:
     # 20,000 copies of a 10 KB string: the footer says about 10 KB (one dictionary entry), the
     # file is under 1 KB, and the rows decode to 200 MB: a bomb that the footer's size misses.

@@ -162,6 +162,11 @@ class ParquetShards(ShardStream):
                 first = 0
                 for group in range(meta.num_row_groups):
                     info = meta.row_group(group)
+                    if info.num_rows < 0:  # a corrupt footer: it would skip other rows
+                        raise ShardError(
+                            f"shard {shard.name}: row group {group} has {info.num_rows} rows "
+                            "(a corrupt footer)"
+                        )
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
