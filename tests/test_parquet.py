@@ -163,9 +163,9 @@ def test_max_bytes_counts_only_the_columns_read(tmp_path: Path) -> None:
         next(iter(loader))
 
 
-def with_negative_rows(data: bytes) -> bytes:
-    """``data`` with its first row group's row count made negative in the footer (the byte
-    of its zigzag varint, found by trying each candidate until pyarrow reads the change)."""
+def with_rows_said(data: bytes, said: int) -> bytes:
+    """``data`` with its first row group's row count in the footer changed to ``said`` (the
+    byte of its zigzag varint, found by trying each candidate until pyarrow reads it)."""
     length = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - length
     rows = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).num_rows
@@ -173,12 +173,12 @@ def with_negative_rows(data: bytes) -> bytes:
     at = data.find(value, start)
     while at >= 0:
         changed = bytearray(data)
-        changed[at + 1] = 2 * rows - 1  # zigzag of -rows
+        changed[at + 1] = 2 * said if said >= 0 else -2 * said - 1
         try:
             meta = pq.ParquetFile(pa.BufferReader(bytes(changed))).metadata
         except OSError:
             meta = None
-        if meta is not None and meta.row_group(0).num_rows == -rows:
+        if meta is not None and meta.row_group(0).num_rows == said:
             return bytes(changed)
         at = data.find(value, at + 1)
     raise AssertionError("no row count found in the footer")
@@ -190,11 +190,29 @@ def test_a_negative_row_count_in_the_footer_fails_the_shard(tmp_path: Path) -> N
     # dropped with it, all silently.
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({"id": list(range(40))}), sink, row_group_size=20)
-    (tmp_path / "corrupt.parquet").write_bytes(with_negative_rows(bytes(sink.getvalue())))
+    (tmp_path / "corrupt.parquet").write_bytes(with_rows_said(bytes(sink.getvalue()), -20))
     dataset = ParquetShards(FileDataset(["corrupt.parquet"], root=tmp_path))
     loader = DataLoader(dataset, batch_size=4, collate_fn=list)
     with loader, pytest.raises(OSError, match="row group 0 has -20 rows"):
         next(iter(loader))
+
+
+def test_a_row_group_with_fewer_rows_than_its_footer_says_fails_the_shard(
+    tmp_path: Path,
+) -> None:
+    # The footer says 30 rows, the data holds 20 (pyarrow gives the 20): the rows after it
+    # were numbered from 30, and a resume skipped 30 rows for it, 10 of the next group's.
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": list(range(40))}), sink, row_group_size=20)
+    (tmp_path / "corrupt.parquet").write_bytes(with_rows_said(bytes(sink.getvalue()), 30))
+    dataset = ParquetShards(FileDataset(["corrupt.parquet"], root=tmp_path))
+    with DataLoader(dataset, batch_size=4, collate_fn=list) as loader:
+        got = every_outcome(loader, lambda batch: [row["id"] for row in batch])
+    rows = [i for outcome in got if isinstance(outcome, list) for i in outcome]
+    assert rows == list(range(20))  # the rows before the fault still come
+    errors = [outcome for outcome in got if isinstance(outcome, str)]
+    assert len(errors) == 1
+    assert "row group 0 gave 20 rows, its footer says 30" in errors[0]
 
 
 def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: Path) -> None:

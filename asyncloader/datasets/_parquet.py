@@ -182,6 +182,12 @@ class ParquetShards(ShardStream):
                         shard.put_all(rows)
                         place += len(rows)
                         await shard.room()
+                    if place - first != info.num_rows:
+                        # The rows' places, and a resume's skips, count by the footer.
+                        raise ShardError(
+                            f"shard {shard.name}: row group {group} gave {place - first} rows, "
+                            f"its footer says {info.num_rows} (a corrupt footer)"
+                        )
                     first += info.num_rows
             finally:
                 # On a thread of its own: the shards' pool may be shut down (a cancelled
