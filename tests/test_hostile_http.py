@@ -136,6 +136,50 @@ def test_a_3xx_that_is_not_followed_fails_its_item(case: str) -> None:
     assert len(server.requests) == 1
 
 
+NOT_THE_OBJECT = {
+    "206 unasked": response(206, b"hello", {"Content-Range": "bytes 0-4/100"}),
+    "202": response(202, b"queued"),
+    "226": response(226, b"delta"),
+    "201": response(201, b"made"),
+    "299": response(299, b"odd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_THE_OBJECT))
+def test_a_2xx_that_is_not_the_whole_object_fails_its_item(case: str) -> None:
+    # A 206 to a GET that asked no range was delivered as the whole item: 5 bytes of a
+    # 100-byte object, silently; a 202's body (a status, not the object) as the item too.
+    reply = NOT_THE_OBJECT[case]
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
+        chunks: list[bytes] = []
+
+        async def sink(chunk: bytes) -> None:
+            chunks.append(chunk)
+
+        async def stream() -> Any:
+            dataset = HttpDataset([server.url + "/x"], retry=NO_RETRY)
+            try:
+                return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
+            except Exception as error:
+                return error
+            finally:
+                await dataset.aclose()
+
+        streamed = asyncio.run(stream())
+    for failure in (out, streamed):
+        assert type(failure) is OSError, failure
+        assert f"HTTP {case[:3]}" in str(failure)
+        assert "not the whole object" in str(failure)
+    assert chunks == []
+    assert len(server.requests) == 2, "not worth another attempt"
+
+
+def test_a_204_is_an_empty_item() -> None:
+    with run_raw_server(lambda path, headers: response(204)) as server:
+        assert fetch(HttpDataset([server.url + "/x"], retry=NO_RETRY)) == b""
+
+
 MALFORMED = {
     "bad length": (response(body=b"abc", headers={"Content-Length": "abc"}), "Content-Length"),
     "negative length": (response(body=b"abc", headers={"Content-Length": "-3"}), "Content-Length"),

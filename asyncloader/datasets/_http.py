@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 TRANSIENT_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 """Statuses worth another attempt; every other error status fails at once."""
 
+WHOLE: Final = frozenset({200, 203, 204})
+"""The statuses whose body is the object a GET without a range asked for: not a 206's part
+of it, a 202's note that the request is queued, nor a 226's delta to apply."""
+
 REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 """The statuses whose ``Location`` is followed (a GET stays a GET)."""
 
@@ -409,6 +413,14 @@ class HttpDataset:
                 async with request as response:
                     status = response.status
                     if 200 <= status < 300:
+                        if status not in WHOLE and not (extra and "Range" in extra):
+                            raise AttemptFailed(
+                                OSError(
+                                    f"GET {redact_url(url)}: HTTP {status}, not the whole "
+                                    "object (a GET of one is answered 200, 203 or 204)"
+                                ),
+                                transient=False,
+                            )
                         if consume is not None:
                             return await consume(response, url)
                         self._check_encoding(response, url)
