@@ -27,7 +27,7 @@ DEFAULT_MAX_BYTES: Final = 64 * 2**20
 
 DEFAULT_MAX_SCANS: Final = 100
 """A JPEG's scans: a progressive one's decoding makes a pass over the whole image for each,
-35 bytes of file apiece, so a small file of many is a bomb of decoding time. Encoders write
+12-16 bytes of file apiece, so a small file of many is a bomb of decoding time. Encoders write
 1-3 (baseline) or about 10 (progressive); libjpeg-turbo suggests a limit for untrusted
 files, as its ``djpeg -maxscans`` takes."""
 
@@ -84,7 +84,7 @@ class Decode:
         max_bytes: Encoded items larger than this are refused. ``None``: no limit.
         max_scans: JPEGs of more scans are refused before decoding, with a ``ValueError``:
             each scan of a progressive JPEG costs a pass over the whole image (1,000 of them,
-            35 KB, took 2.2 s at 2048x2048). ``None``: no limit.
+            41 KB, took 2.2 s at 2048x2048). ``None``: no limit.
 
     Raises:
         ImportError: Pillow is not installed (when the step is built).
