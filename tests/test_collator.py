@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -100,6 +102,49 @@ def test_mixed_shapes_fail_the_batch_naming_both_shapes() -> None:
         collate([b"bytes"])
     with pytest.raises(ValueError, match="layout"):
         ImageCollator(layout="CHW")
+
+
+def test_mixed_dtypes_fail_the_batch_naming_both() -> None:
+    # A uint16 image after a uint8 one (a 16-bit PNG among 8-bit ones) was cast to uint8,
+    # wrapping its values, and a float one in [0, 1] to zeros: silently.
+    collate = ImageCollator()
+    eight = np.full((4, 4, 1), 200, np.uint8)
+    for other in (np.full((4, 4, 1), 40000, np.uint16), np.full((4, 4, 1), 0.5, np.float32)):
+        with pytest.raises(ValueError, match="different dtypes") as refused:
+            collate([eight, other])
+        assert "uint8" in str(refused.value)
+        assert str(other.dtype) in str(refused.value)
+    cast = ImageCollator(dtype=np.float32)([eight, np.full((4, 4, 1), 0.5, np.float32)])
+    assert cast.dtype == np.float32  # a dtype asked for: each item is converted to it
+    assert float(cast[1].max()) == 0.5
+
+
+def test_images_of_objects_are_refused_and_nothing_crashes() -> None:
+    # An object array collated into pooled memory made an object array over raw bytes: its
+    # pointers never counted, and the process died of a segmentation fault at exit.
+    code = """
+import numpy as np
+from asyncloader import ImageCollator
+collate = ImageCollator()
+for _ in range(20):
+    try:
+        collate([np.array([object()] * 3).reshape(1, 1, 3)])
+        print("collated")
+    except TypeError as error:
+        print(error)
+try:
+    ImageCollator(dtype=object)
+except ValueError as error:
+    print(error)
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr[-2000:]
+    lines = child.stdout.splitlines()
+    assert (
+        lines[:20]
+        == ["ImageCollator takes images of numbers, got a HWC object array of shape (1, 1, 3)"] * 20
+    )
+    assert lines[20] == "ImageCollator: dtype must be a numeric dtype, got dtype('O')"
 
 
 def test_through_the_loader_with_reuse() -> None:

@@ -20,13 +20,16 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from .. import _shared as shared
 from ._image import CHWImage, describe
 from ._tensor import Vector, channel_stats
+
+_NUMERIC: Final = frozenset("biuf")
+"""The kinds of dtype a batch can be: booleans, integers, floats (no objects, no strings)."""
 
 
 class _Pool:
@@ -88,10 +91,11 @@ class ImageCollator:
         std: One value per channel, none zero (with ``mean``).
 
     Raises:
-        ValueError (per batch): Items of different shapes (both shapes are named), an
-            empty batch, or items whose channels do not match ``mean``.
-        TypeError (per batch): An item that is not an image; with ``mean``, one that is
-            neither uint8 nor floating point.
+        ValueError (per batch): Items of different shapes, or (without ``dtype``) of
+            different dtypes (both are named), an empty batch, or items whose channels do not
+            match ``mean``.
+        TypeError (per batch): An item that is not an image of numbers; with ``mean``, one
+            that is neither uint8 nor floating point.
     """
 
     def __init__(
@@ -109,6 +113,8 @@ class ImageCollator:
             raise ValueError(f"ImageCollator: buffers must be an int >= 0, got {buffers!r}")
         self.layout = layout
         self.dtype = None if dtype is None else np.dtype(dtype)
+        if self.dtype is not None and self.dtype.kind not in _NUMERIC:
+            raise ValueError(f"ImageCollator: dtype must be a numeric dtype, got {self.dtype!r}")
         self.buffers = buffers
         self._pool = _Pool(buffers)
         self._stats: tuple[Vector, Vector, Vector] | None = None
@@ -136,12 +142,21 @@ class ImageCollator:
         for item in items:
             if not isinstance(item, np.ndarray) or item.ndim != 3:
                 raise TypeError(f"ImageCollator takes 3-D images, got {describe(item)}")
+            if item.dtype.kind not in _NUMERIC:
+                # Objects copied into raw memory would be pointers nothing counts.
+                raise TypeError(f"ImageCollator takes images of numbers, got {describe(item)}")
             if item.shape != first.shape or isinstance(item, CHWImage) != isinstance(
                 first, CHWImage
             ):
                 raise ValueError(
                     f"ImageCollator: images of different shapes in one batch: "
                     f"{describe(first)} and {describe(item)}"
+                )
+            if self.dtype is None and item.dtype != first.dtype:
+                # The first's dtype would wrap a uint16 into uint8, and floats in [0, 1] to 0.
+                raise ValueError(
+                    f"ImageCollator: images of different dtypes in one batch: "
+                    f"{describe(first)} and {describe(item)} (give dtype= to convert them)"
                 )
         chw_items = isinstance(first, CHWImage)
         if chw_items:
