@@ -296,3 +296,12 @@ print(sorted(set(sys.modules) - before))
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_an_empty_image_fails_resizing_steps_saying_so() -> None:
+    # A 0x5 image made Resize and RandomResizedCrop divide by zero (ZeroDivisionError).
+    for shape in ((0, 5, 3), (5, 0, 3)):
+        empty = np.zeros(shape, np.uint8)
+        for step in (Resize(8), RandomResizedCrop(6)):
+            with pytest.raises(ValueError, match="an empty image"):
+                step(0, empty)

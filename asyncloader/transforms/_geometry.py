@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._image import Image, check_image, generator, pair, pillow
+from ._image import Image, check_image, describe, generator, pair, pillow
 
 _FILTERS: Final = {"bilinear": 2, "bicubic": 3, "nearest": 0}
 """Pillow's resampling filter numbers (Image.Resampling)."""
@@ -34,6 +34,13 @@ def resize(image: Image, height: int, width: int, resample: int) -> Image:
     source = PILImage.fromarray(image[:, :, 0] if channels == 1 else image)
     out = np.asarray(source.resize((width, height), resample))
     return out if out.ndim == 3 else out[:, :, None]
+
+
+def nonempty(step: str, image: Image) -> Image:
+    """``image``, unless it has no pixels: nothing to resize, or draw a box in."""
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise ValueError(f"{step}: an empty image, {describe(image)}")
+    return image
 
 
 def pad(image: Image, top: int, bottom: int, left: int, right: int, fill: int) -> Image:
@@ -68,7 +75,7 @@ class Resize:
 
     def __call__(self, index: int, item: Any) -> Image:
         """Resize ``item``."""
-        image = check_image("Resize", item, uint8=True)
+        image = nonempty("Resize", check_image("Resize", item, uint8=True))
         height, width = image.shape[:2]
         if self.shorter:
             short = self.target[0]
@@ -208,7 +215,7 @@ class RandomResizedCrop:
 
     def __call__(self, index: int, item: Any) -> Image:
         """Crop and resize ``item`` with a box drawn for this item and epoch."""
-        image = check_image("RandomResizedCrop", item, uint8=True)
+        image = nonempty("RandomResizedCrop", check_image("RandomResizedCrop", item, uint8=True))
         top, left, h, w = resized_crop_box(
             generator(index, self.salt), image.shape[0], image.shape[1], self.scale, self.ratio
         )
