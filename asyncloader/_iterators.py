@@ -27,6 +27,7 @@ from ._epoch import EpochContext
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._runtime import Runtime
 from ._state import Progress
+from ._stopped import escaped
 
 CANCEL_WAIT_S: Final = 5.0
 """How long an abandoned sync epoch waits until no thread runs the user's code any more."""
@@ -109,6 +110,8 @@ class DirectIterator:
                 collating = clock()
                 batch = context.collate(items)
                 collated = clock()
+        except (StopIteration, StopAsyncIteration) as error:  # it would end the epoch here
+            raise escaped(error) from error
         finally:
             # On this path the consumer waits for the whole of the loader's work.
             ended = clock()

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from queue import PriorityQueue
 from typing import Any, TypeVar
 
+from ._stopped import escaped
+
 T = TypeVar("T")
 logger = logging.getLogger("asyncloader")
 _Job = tuple[
@@ -82,7 +84,7 @@ def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Cou
             try:
                 result = fn(*args)
             except BaseException as caught:
-                error = caught
+                error = escaped(caught)  # a future refuses a StopIteration
             # RuntimeError: the loop closed (an epoch cut off at exit); nobody waits.
             assert loop is not None
             with contextlib.suppress(RuntimeError):

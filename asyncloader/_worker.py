@@ -31,6 +31,7 @@ from ._batch_work import fetch_or_skip, transform_and_collate
 from ._shared import Arena, set_arena
 from ._skip import SKIPPED
 from ._stats import Recorder, current, fetched_bytes
+from ._stopped import escaped
 from ._transform import Transform
 
 FETCH: Final = "fetch"
@@ -113,7 +114,7 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
     except BaseException as error:
         arena.release()
         skipped = [] if collect is None else collect.skipped
-        return ("error", error_payload(error), tally.tally(), skipped), []
+        return ("error", error_payload(escaped(error)), tally.tally(), skipped), []
     finally:
         current.reset(tokens[0])
         epoch_key.reset(tokens[1])

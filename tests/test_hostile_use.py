@@ -4,6 +4,7 @@ What could hang runs in a child process with a hard time-out."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -233,3 +234,97 @@ def test_closing_during_a_long_skip_ahead_of_an_async_stream_stops_it() -> None:
     assert "timed out" in child.stdout
     assert "closed in 0.0" in child.stdout or "closed in 0.1" in child.stdout, child.stdout
     assert "loop threads []" in child.stdout
+
+
+STOPPING = """
+import json
+import sys
+from asyncloader import DataLoader
+
+where, mode = sys.argv[1], sys.argv[2]
+
+
+class Data:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, index):
+        if where == "getitem" and index == 2:
+            raise StopIteration  # a next() on an exhausted iterator, say
+        return index
+
+
+class AsyncData(Data):
+    async def __getitem__(self, index):
+        return Data.__getitem__(self, index)
+
+
+def transform(index, item):
+    if where == "transform" and index == 2:
+        raise StopIteration
+    return item
+
+
+def collate(items):
+    if where == "collate" and 2 in items:
+        raise StopIteration
+    return list(items)
+
+
+if __name__ == "__main__":
+    settings = {
+        "inline": {"num_workers": 0},
+        "lanes": {"num_workers": 2},
+        "threads": {"num_workers": 2, "cpu_threads": 2},
+        "processes": {"cpu_processes": 2},
+        "async": {"num_workers": 2},
+    }[mode]
+    steps = {"transform": transform} if where == "transform" else {}
+    loader = DataLoader(
+        AsyncData() if mode == "async" else Data(),
+        batch_size=2,
+        collate_fn=collate if where == "collate" else None,
+        timeout=30,
+        **steps,
+        **settings,
+    )
+    out = []
+    iterator = iter(loader)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        except Exception as error:
+            out.append(type(error).__name__ + ": " + str(error)[:40])
+        else:
+            out.append([int(item) for item in batch])
+    print(json.dumps(out))
+    loader.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["inline", "lanes", "threads", "processes", "async"])
+@pytest.mark.parametrize("where", ["getitem", "transform", "collate"])
+def test_a_stop_iteration_from_the_users_code_fails_its_batch(
+    tmp_path: Path, where: str, mode: str
+) -> None:
+    # A StopIteration escaping a dataset, a transform or a collate_fn ended the epoch there
+    # silently when run inline (torch's loader does the same); on a CPU thread or in a worker
+    # process, where it was set on an asyncio future (which refuses it), its batch waited
+    # forever. 8 of these 15 cases failed so (the coroutines' own PEP 479 saved the rest).
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING)
+    child = subprocess.run(
+        [sys.executable, str(script), where, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    batches = json.loads(child.stdout)
+    assert batches[0] == [0, 1]
+    assert batches[1].startswith("RuntimeError: ")
+    assert "StopIteration" in batches[1] or "the dataset, transform or collat" in batches[1]
+    assert batches[2:] == [[4, 5]]
