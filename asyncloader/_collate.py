@@ -57,11 +57,16 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         return np.stack(items, out=out)
     if isinstance(first, _NUMBERS):
         batch = np.asarray(items)
-        if batch.dtype == object:  # a None or a non-number among numbers: no silent object array
-            odd = next(item for item in items if not isinstance(item, _NUMBERS))
+        if batch.dtype.kind not in "biufc":  # no silent object or string array
+            odd = next((item for item in items if not isinstance(item, _NUMBERS)), None)
+            if odd is None:  # numbers all, one of them an int too large for NumPy's
+                raise ValueError(
+                    f"default_collate: a batch of {type(first).__name__} items holds one that "
+                    "does not fit in an array of numbers (an int of over 64 bits)"
+                )
             raise TypeError(
                 f"default_collate: a batch of {type(first).__name__} items holds a "
-                f"{type(odd).__name__} ({odd!r})"
+                f"{type(odd).__name__} ({_shown(odd)})"
             )
         return batch
     if isinstance(first, _KEPT_AS_LIST):
@@ -100,6 +105,11 @@ def _field(item: object, key: object) -> Any:
     if not isinstance(item, Mapping):
         raise TypeError(f"default_collate: a batch mixes dicts and {type(item).__name__}")
     return item[key]
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def default_collate_fields(items: Sequence[Any], width: int) -> list[Any]:

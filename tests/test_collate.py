@@ -74,3 +74,15 @@ def test_default_collate_of_bytes_keeps_a_list() -> None:
 
     with DataLoader(Blobs(3), batch_size=3, num_workers=1) as loader:
         assert next(iter(loader)) == [b"\x00", b"\x01", b"\x02"]
+
+
+def test_numbers_mixed_with_strings_or_too_large_fail_their_batch() -> None:
+    # [1, "a"] became the strings ["1", "a"], silently; an int too large for an array raised
+    # StopIteration out of default_collate (which ended the epoch with num_workers=0).
+    with pytest.raises(TypeError, match="a batch of int items holds a str"):
+        default_collate([1, "a"])
+    with pytest.raises(TypeError, match="a batch of float items holds a bytes"):
+        default_collate([1.5, b"x"])
+    with pytest.raises(ValueError, match="does not fit in an array"):
+        default_collate([2**70, 1])
+    assert default_collate([1, 2.5]).dtype == np.float64  # numbers of two kinds still mix
