@@ -58,15 +58,15 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
     if isinstance(first, _NUMBERS):
         batch = np.asarray(items)
         if batch.dtype.kind not in "biufc":  # no silent object or string array
-            odd = next((item for item in items if not isinstance(item, _NUMBERS)), None)
-            if odd is None:  # numbers all, one of them an int too large for NumPy's
+            odds = [item for item in items if not isinstance(item, _NUMBERS)]
+            if not odds:  # numbers all, one of them an int too large for NumPy's
                 raise ValueError(
                     f"default_collate: a batch of {type(first).__name__} items holds one that "
                     "does not fit in an array of numbers (an int of over 64 bits)"
                 )
             raise TypeError(
                 f"default_collate: a batch of {type(first).__name__} items holds a "
-                f"{type(odd).__name__} ({_shown(odd)})"
+                f"{type(odds[0]).__name__} ({_shown(odds[0])})"
             )
         return batch
     if isinstance(first, _KEPT_AS_LIST):

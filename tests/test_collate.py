@@ -85,4 +85,6 @@ def test_numbers_mixed_with_strings_or_too_large_fail_their_batch() -> None:
         default_collate([1.5, b"x"])
     with pytest.raises(ValueError, match="does not fit in an array"):
         default_collate([2**70, 1])
+    with pytest.raises(TypeError, match="holds a NoneType"):
+        default_collate([1, None])
     assert default_collate([1, 2.5]).dtype == np.float64  # numbers of two kinds still mix
