@@ -41,20 +41,24 @@ def closed_port() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
-def fetch(endpoint: str, credentials: str) -> list[str]:
-    script = textwrap.dedent(SCRIPT.format(endpoint=endpoint, credentials=credentials))
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}  # no AWS_* from the environment
+def run_child(script: str, timeout: float = 60) -> list[str]:
+    """The lines ``script`` prints, run in a child with no AWS_* from the environment; at
+    least two (an error's type and message)."""
     result = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         cwd=ROOT,
-        env=env,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
     )
     lines = result.stdout.splitlines()
     assert len(lines) >= 2, (result.returncode, result.stdout, result.stderr[-2000:])
     return lines
+
+
+def fetch(endpoint: str, credentials: str) -> list[str]:
+    return run_child(SCRIPT.format(endpoint=endpoint, credentials=credentials))
 
 
 KEYS = 'access_key_id="testing", secret_access_key="testing"'
@@ -118,17 +122,8 @@ def test_a_listing_that_pages_without_end_fails_at_its_first_repeat() -> None:
         return response(200, ENDLESS_PAGE, {"Content-Type": "application/xml"})
 
     with run_raw_server(page) as server:
-        script = textwrap.dedent(LIST_SCRIPT.format(endpoint=server.url, keys=KEYS))
-        result = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            cwd=ROOT,
-            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
-        )
-    lines = result.stdout.splitlines()
-    assert lines[:1] == ["OSError"], (result.stdout, result.stderr[-2000:])
+        lines = run_child(LIST_SCRIPT.format(endpoint=server.url, keys=KEYS), timeout=30)
+    assert lines[0] == "OSError", lines
     assert "lists an object twice" in lines[1]
     # Keys are checked a chunk of 1,000 at a time: here that is 1,000 pages of one key each.
     assert len(pages) <= 1000
