@@ -207,7 +207,7 @@ class StreamReader:
         self._failure: BaseException | None = None
         """The iterator's error, raised at the batch after the items read before it."""
 
-    async def pull(self, count: int, recorder: Recorder | None = None) -> list[Any]:
+    async def pull(self, count: int, recorder: Recorder) -> list[Any]:
         """The next ``count`` items (fewer at the stream's end; none after it, nor for a short
         last batch under ``drop_last``). An error of the iterator ends the epoch's stream: the
         items read before it come out as a short batch, and the error is raised at the next
@@ -220,7 +220,7 @@ class StreamReader:
                 raise failure
             if self.ended:
                 return []
-            started = 0.0 if recorder is None else recorder.fetch_started(count)
+            started = recorder.fetch_started(count)
             read: list[Any] | None = None
             try:
                 if self._async:
@@ -232,8 +232,7 @@ class StreamReader:
                 self.ended, self.end = True, self._pulled + 1
                 raise
             finally:
-                if recorder is not None:
-                    recorder.fetch_done(started, read, count)
+                recorder.fetch_done(started, read, count)
             assert read is not None  # else the read raised
             items = read
             self._pulled += 1

@@ -170,8 +170,7 @@ class ParquetShards(ShardStream):
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
-                    size = _size_read(info, columns) if limit is not None else 0
-                    if limit is not None and size > limit:
+                    if limit is not None and (size := _size_read(info, columns)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} is {size} bytes, over "
                             f"max_bytes={limit}"
