@@ -229,10 +229,11 @@ def in_worker() -> bool:
 
 def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any] | None:
     """An uninitialised array in shared memory when running in a worker process, else
-    ``None`` (the caller allocates as usual)."""
-    if _arena is None:
-        return None
+    ``None`` (the caller allocates as usual). An array of Python objects is never in shared
+    memory: its references mean nothing in another process (it is pickled by value)."""
     dtype = np.dtype(dtype)
+    if _arena is None or dtype.hasobject:
+        return None
     count = 1
     for dim in shape:
         count *= dim

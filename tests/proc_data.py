@@ -276,3 +276,20 @@ class WhereLoaded:
 
     def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
         return np.array([self.loaded_in, os.getpid()])
+
+
+class HoldsObjects:
+    """Item ``i`` is an array of Python objects (``[i, "i"]``, object dtype), or with
+    ``structured``, a record array with an object field: references, which mean nothing in
+    another process's memory."""
+
+    def __init__(self, n: int, structured: bool = False) -> None:
+        self.n, self.structured = n, structured
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if self.structured:
+            return np.array([(index, str(index))], dtype=[("n", "i8"), ("name", "O")])
+        return np.array([index, str(index)], dtype=object)

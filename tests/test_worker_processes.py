@@ -562,6 +562,18 @@ def test_the_default_collate_writes_into_shared_memory_too() -> None:
     assert all(isinstance(_memory_of(batch), mmap.mmap) for batch in batches)
 
 
+@pytest.mark.parametrize("structured", [False, True])
+def test_arrays_of_objects_are_collated_as_on_threads(structured: bool) -> None:
+    # References cannot live in shared memory: such a batch is made in the worker's own.
+    dataset = proc_data.HoldsObjects(8, structured)
+    with ready(DataLoader(dataset, batch_size=4, cpu_processes=1)) as loader:
+        batches = run_epoch(loader)
+    with DataLoader(dataset, batch_size=4) as loader:
+        expected = list(loader)
+    assert [batch.dtype for batch in batches] == [batch.dtype for batch in expected]
+    assert [batch.tolist() for batch in batches] == [batch.tolist() for batch in expected]
+
+
 def test_a_break_cancels_and_the_next_epoch_is_whole(no_leaked_threads: None) -> None:
     loader = DataLoader(proc_data.Images(40), batch_size=4, cpu_processes=2, seed=0)
     for batch in loader:
