@@ -54,7 +54,10 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         if shared.in_worker() and all(type(item) is np.ndarray for item in items):
             dtype = np.result_type(*{item.dtype for item in items})
             out = shared.empty((len(items), *first.shape), dtype)
-        return np.stack(items, out=out)
+        batch = np.stack(items, out=out)
+        # In C order whatever the items' layout, as a worker process writes it: one layout
+        # in every mode (a copy only for such items, Fortran-ordered ones).
+        return batch if batch.flags.c_contiguous else np.ascontiguousarray(batch)
     if isinstance(first, _NUMBERS):
         batch = np.asarray(items)
         if batch.dtype.kind not in "biufc":  # no silent object or string array

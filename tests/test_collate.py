@@ -25,6 +25,17 @@ def test_numbers_and_arrays_are_stacked() -> None:
     assert stacked.dtype == np.float32
 
 
+def test_a_batch_is_in_c_order_whatever_its_items_layout() -> None:
+    # A worker process writes batches in C order: threads must give the same layout.
+    items = [np.asfortranarray(np.arange(6.0).reshape(2, 3) + n) for n in range(3)]
+    batch = default_collate(items)
+    assert batch.flags.c_contiguous
+    assert batch.tolist() == [item.tolist() for item in items]
+    big_endian = default_collate([np.arange(3, dtype=">i4"), np.arange(3, dtype=">i4")])
+    assert big_endian.dtype.isnative
+    assert big_endian.tolist() == [[0, 1, 2]] * 2
+
+
 def test_containers_are_collated_per_field() -> None:
     batch = default_collate(
         [{"x": np.arange(2), "label": 1, "path": "a"}, {"x": np.arange(2), "label": 0, "path": "b"}]
