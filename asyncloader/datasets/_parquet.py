@@ -10,9 +10,12 @@ store or an HTTP server, range GETs. A resumed walk skips the row groups it had 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ._http import _check_max_bytes
 from ._shards import Shard, ShardStream
@@ -38,6 +41,48 @@ def _size_read(group: Any, columns: list[str] | None) -> int:
     return size
 
 
+_EXIT_WAIT_S: Final = 10.0
+"""How long the interpreter's exit waits for the reads in progress to return (see
+:func:`_close_at_exit`)."""
+
+_opened: set[_Opened] = set()
+_opened_lock = threading.Lock()
+_exiting = False
+
+
+def _close_at_exit() -> None:
+    """Close every Parquet file still open, each once its read in progress returns (for
+    :data:`_EXIT_WAIT_S` in all), and start no read after.
+
+    pyarrow must not be running on a daemon thread (a shard's reader, the thread that closes
+    a shard whose epoch was left) when the interpreter finalizes: such a thread is ended
+    where it stands, its C++ frames unwound, and the process aborts.
+    """
+    global _exiting
+    with _opened_lock:
+        _exiting = True
+        files = list(_opened)
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for file in files:
+        if file.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                file.close_locked()
+            finally:
+                file.lock.release()
+
+
+def _forget() -> None:
+    """In a forked child: the parent's files, and the lock (held by one of its threads, it
+    may be), are the parent's."""
+    global _opened, _opened_lock
+    _opened, _opened_lock = set(), threading.Lock()
+
+
+atexit.register(_close_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
+
+
 class _Opened:
     """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
 
@@ -53,13 +98,22 @@ class _Opened:
         import pyarrow.parquet as pq
 
         with self.lock:
+            with _opened_lock:
+                if _exiting:
+                    raise ShardError("the interpreter is exiting")
+                _opened.add(self)
             self.raw = source.open_file(index, loop)
             self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
             return self.file.metadata
 
+    def _check_open(self) -> None:
+        if self.file is None:  # closed as the interpreter exits
+            raise ShardError("the interpreter is exiting")
+
     def begin(self, group: int, columns: list[str] | None) -> None:
         """Start reading row group ``group``: :meth:`step` gives its rows."""
         with self.lock:
+            self._check_open()
             self._steps = self.file.iter_batches(_ROWS_A_STEP, row_groups=[group], columns=columns)
             self._decoded = 0
 
@@ -72,6 +126,7 @@ class _Opened:
         dicts take many times their decoded bytes (a one-byte column, over 200 a row).
         """
         with self.lock:
+            self._check_open()
             batch = next(self._steps, None)
             while batch is not None and batch.num_rows == 0:
                 batch = next(self._steps, None)
@@ -90,12 +145,18 @@ class _Opened:
 
     def close(self) -> None:
         with self.lock:
-            self._steps = None
-            if self.file is not None:
-                self.file.close()
-            if self.raw is not None:
-                self.raw.close()
-            self.file = self.raw = None
+            self.close_locked()
+
+    def close_locked(self) -> None:
+        """Close the file; the caller holds :attr:`lock`."""
+        self._steps = None
+        if self.file is not None:
+            self.file.close()
+        if self.raw is not None:
+            self.raw.close()
+        self.file = self.raw = None
+        with _opened_lock:
+            _opened.discard(self)
 
 
 class ParquetShards(ShardStream):
