@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -233,6 +234,73 @@ def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: P
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20  # the rows made in Python before the limit was found
+
+
+PEAK = """
+import sys, tracemalloc
+import pyarrow as pa
+from asyncloader import DataLoader, FileDataset, ParquetShards
+dataset = ParquetShards(FileDataset([sys.argv[2]], root=sys.argv[1]), max_bytes=8 << 20)
+tracemalloc.start()
+with DataLoader(dataset, batch_size=4, collate_fn=list) as loader:
+    batches = iter(loader)
+    while True:
+        try:
+            next(batches)
+        except StopIteration:
+            break
+        except OSError as error:
+            print(error)
+print(max(pa.default_memory_pool().max_memory(), tracemalloc.get_traced_memory()[1]))
+"""
+
+
+def peak_reading(folder: Path, name: str) -> tuple[str, int]:
+    """The errors an epoch of ``name`` under ``max_bytes=8 MiB`` gave, and the most memory
+    Arrow or Python held meanwhile (in a child: a fresh peak, and a hard time-out for a bomb)."""
+    child = subprocess.run(
+        [sys.executable, "-c", PEAK, str(folder), name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    *said, peak = child.stdout.splitlines()
+    return "\n".join(said), int(peak)
+
+
+def test_a_dictionary_of_one_long_value_is_not_made_into_rows_past_max_bytes(
+    tmp_path: Path,
+) -> None:
+    # 2,048 rows of one 1 MiB value, dictionary-encoded and compressed: a 6 KB file whose
+    # footer truly says 1 MiB, and whose Arrow schema keeps the dictionary as it is read. A
+    # step counted the dictionary once, and made its 1,024 rows: 1 GiB, and no error.
+    value = pa.array([b"\0" * (1 << 20)], pa.binary())
+    rows = pa.DictionaryArray.from_arrays(pa.array([0] * 2048, pa.int32()), value)
+    pq.write_table(
+        pa.table({"blob": rows}),
+        tmp_path / "bomb.parquet",
+        compression="zstd",
+        dictionary_pagesize_limit=8 << 20,
+    )
+    assert (tmp_path / "bomb.parquet").stat().st_size < 16_000
+    said, peak = peak_reading(tmp_path, "bomb.parquet")
+    assert said.endswith("row group 0 decodes to over max_bytes=8388608 bytes")
+    assert peak < 32 << 20
+
+
+def test_lists_that_decode_past_max_bytes_fail_before_they_are_read(tmp_path: Path) -> None:
+    # 64 rows, each a list of a million zero bytes: a 2 KB file whose footer says 1,506
+    # bytes, and 64 MiB of values decoded (Arrow made 584 MiB at once to decode them).
+    values = pa.array(np.zeros(64 << 20, np.int8))
+    lists = pa.ListArray.from_arrays(pa.array(np.arange(0, (64 << 20) + 1, 1 << 20)), values)
+    pq.write_table(pa.table({"x": lists}), tmp_path / "bomb.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 16_000
+    said, peak = peak_reading(tmp_path, "bomb.parquet")
+    assert said.endswith(
+        "row group 0 decodes to 67108864 bytes at least (64 MiB), over max_bytes=8388608"
+    )
+    assert peak < 1 << 20  # refused from the footer: nothing decoded
 
 
 def test_a_row_group_within_max_bytes_is_made_into_rows_a_step_at_a_time(

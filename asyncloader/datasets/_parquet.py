@@ -26,18 +26,63 @@ _ROWS_A_STEP = 1024
 """Rows decoded and made at once: between checks of a row group's size against
 ``max_bytes``, and between waits for room in the shard's buffer."""
 
+_WIDTHS: Final = {
+    "INT32": 4,
+    "FLOAT": 4,
+    "INT64": 8,
+    "DOUBLE": 8,
+    "INT96": 12,
+    "BYTE_ARRAY": 4,
+}
+"""The fewest bytes one value of each physical type decodes to (a string or a binary: its
+offset; a fixed-length binary: its length, from the schema)."""
+
+_NARROW: Final = {"INT_8": 1, "UINT_8": 1, "INT_16": 2, "UINT_16": 2}
+"""The integers stored as 32 bits that decode to fewer."""
+
+
+def _read(group: Any, columns: list[str] | None) -> list[int]:
+    """The numbers of row group ``group``'s columns that reading ``columns`` reads: a name
+    selects its column, and every field nested in it."""
+    numbers = range(group.num_columns)
+    if columns is None:
+        return list(numbers)
+    return [
+        number
+        for number in numbers
+        if any(
+            (path := group.column(number).path_in_schema) == name or path.startswith(name + ".")
+            for name in columns
+        )
+    ]
+
 
 def _size_read(group: Any, columns: list[str] | None) -> int:
     """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
-    ``columns`` reads: a name selects its column, and every field nested in it."""
+    ``columns`` reads."""
     if columns is None:
         return int(group.total_byte_size)
+    return sum(group.column(number).total_uncompressed_size for number in _read(group, columns))
+
+
+def _least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
+    """The fewest bytes the columns read of ``group`` decode to, from each one's count of
+    values: runs of repeated values, and lists of them, are encoded in a few bytes.
+
+    A column's values in a row (not in lists) decode to at least their width each, nulls
+    too; one nested in lists, to at least a byte each (an empty list is counted as a
+    value, and has none)."""
     size = 0
-    for number in range(group.num_columns):
-        column = group.column(number)
-        path = column.path_in_schema
-        if any(path == name or path.startswith(name + ".") for name in columns):
-            size += column.total_uncompressed_size
+    for number in _read(group, columns):
+        column = meta.schema.column(number)
+        count = max(group.column(number).num_values, 0)
+        if column.max_repetition_level:
+            size += count
+        elif column.physical_type == "BOOLEAN":
+            size += count // 8  # a bit each
+        else:
+            width = _NARROW.get(column.converted_type) or _WIDTHS.get(column.physical_type)
+            size += count * (width or column.length)
     return size
 
 
@@ -81,6 +126,28 @@ def _forget() -> None:
 atexit.register(_close_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
+
+
+def _made(batch: Any) -> int:
+    """The bytes of ``batch``'s rows once made: a value of a dictionary column counts for
+    each row it is in (a row is made with a copy of it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    size = 0
+    for column in batch.columns:
+        kind = column.type
+        if pa.types.is_dictionary(kind) and (
+            pa.types.is_binary(kind.value_type)
+            or pa.types.is_string(kind.value_type)
+            or pa.types.is_large_binary(kind.value_type)
+            or pa.types.is_large_string(kind.value_type)
+        ):
+            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
+            size += column.indices.nbytes + (pc.sum(lengths).as_py() or 0)
+        else:
+            size += column.nbytes
+    return size
 
 
 class _Opened:
@@ -133,7 +200,7 @@ class _Opened:
             if batch is None:
                 self._steps = None
                 return []
-            self._decoded += batch.nbytes
+            self._decoded += _made(batch)
             if limit is not None and self._decoded > limit:
                 raise ShardError(
                     f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
@@ -235,6 +302,11 @@ class ParquetShards(ShardStream):
                         raise ShardError(
                             f"shard {shard.name}: row group {group} is {size} bytes, over "
                             f"max_bytes={limit}"
+                        )
+                    if limit is not None and (least := _least_decoded(meta, info, columns)) > limit:
+                        raise ShardError(
+                            f"shard {shard.name}: row group {group} decodes to {least} bytes "
+                            f"at least ({least >> 20} MiB), over max_bytes={limit}"
                         )
                     await blocking(opened.begin, group, columns)
                     place = first
