@@ -221,19 +221,22 @@ def test_a_row_group_with_fewer_rows_than_its_footer_says_fails_the_shard(
 def test_a_row_group_that_decodes_past_max_bytes_fails_as_it_is_read(tmp_path: Path) -> None:
     # 20,000 copies of a 10 KB string: the footer says about 10 KB (one dictionary entry), the
     # file is under 1 KB, and the rows decode to 200 MB: a bomb that the footer's size misses.
+    # Its first steps (104 rows, the dictionary page says: within max_bytes) are rows as any.
     bomb = pa.table({"text": pa.array(["x" * 10_000] * 20_000)})
     pq.write_table(bomb, tmp_path / "bomb.parquet", row_group_size=20_000, compression="zstd")
     assert (tmp_path / "bomb.parquet").stat().st_size < 1000
     dataset = ParquetShards(FileDataset(["bomb.parquet"], root=tmp_path), max_bytes=1 << 20)
     tracemalloc.start()
     try:
-        loader = DataLoader(dataset, batch_size=4, collate_fn=list)
-        with loader, pytest.raises(OSError, match="row group 0 decodes to over max_bytes=1048576"):
-            next(iter(loader))
+        with DataLoader(dataset, batch_size=4, collate_fn=list) as loader:
+            said = every_outcome(loader, lambda batch: [row["__row__"] for row in batch])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 64 << 20  # the rows made in Python before the limit was found
+    assert said[-1] == "shard bomb.parquet: row group 0 decodes to over max_bytes=1048576 bytes"
+    assert list(itertools.chain(*said[:-1])) == list(range(4 * (len(said) - 1)))
+    assert 4 * (len(said) - 1) <= 104  # the first step's rows, then the error
+    assert peak < 16 << 20
 
 
 PEAK = """
@@ -269,12 +272,14 @@ def peak_reading(folder: Path, name: str) -> tuple[str, int]:
     return "\n".join(said), int(peak)
 
 
-def test_a_dictionary_of_one_long_value_is_not_made_into_rows_past_max_bytes(
-    tmp_path: Path,
+@pytest.mark.parametrize("arrow_schema", [False, True])
+def test_a_dictionary_of_one_long_value_is_not_decoded_past_max_bytes(
+    tmp_path: Path, arrow_schema: bool
 ) -> None:
     # 2,048 rows of one 1 MiB value, dictionary-encoded and compressed: a 6 KB file whose
-    # footer truly says 1 MiB, and whose Arrow schema keeps the dictionary as it is read. A
-    # step counted the dictionary once, and made its 1,024 rows: 1 GiB, and no error.
+    # footer truly says 1 MiB. Read 1,024 rows a step, Arrow decoded its first step to 1 GiB;
+    # where the file's Arrow schema keeps the dictionary as it is read, a step counted the
+    # dictionary once and made its 1,024 rows: 1 GiB, and no error.
     value = pa.array([b"\0" * (1 << 20)], pa.binary())
     rows = pa.DictionaryArray.from_arrays(pa.array([0] * 2048, pa.int32()), value)
     pq.write_table(
@@ -282,6 +287,7 @@ def test_a_dictionary_of_one_long_value_is_not_made_into_rows_past_max_bytes(
         tmp_path / "bomb.parquet",
         compression="zstd",
         dictionary_pagesize_limit=8 << 20,
+        store_schema=arrow_schema,
     )
     assert (tmp_path / "bomb.parquet").stat().st_size < 16_000
     said, peak = peak_reading(tmp_path, "bomb.parquet")

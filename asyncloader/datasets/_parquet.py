@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
+from ._dictionary_page import longest_value
 from ._http import _check_max_bytes
 from ._shards import Shard, ShardStream
 from ._streaming import Blocking
@@ -177,12 +178,47 @@ class _Opened:
         if self.file is None:  # closed as the interpreter exits
             raise ShardError("the interpreter is exiting")
 
-    def begin(self, group: int, columns: list[str] | None) -> None:
-        """Start reading row group ``group``: :meth:`step` gives its rows."""
+    def begin(self, group: int, shard: str, columns: list[str] | None, limit: int | None) -> None:
+        """Start reading row group ``group``: :meth:`step` gives its rows, as many at a time
+        as keep a step's decoding within ``limit``."""
         with self.lock:
             self._check_open()
-            self._steps = self.file.iter_batches(_ROWS_A_STEP, row_groups=[group], columns=columns)
+            rows = _ROWS_A_STEP
+            if limit is not None:
+                rows = self._rows_a_step(group, shard, columns, limit)
+            self._steps = self.file.iter_batches(rows, row_groups=[group], columns=columns)
             self._decoded = 0
+
+    def _rows_a_step(self, group: int, shard: str, columns: list[str] | None, limit: int) -> int:
+        """Rows of ``group`` that decode to at most ``limit``, as far as the dictionaries of
+        its string and binary columns tell: a row of such a column is a copy of any of its
+        dictionary's values (each dictionary page read once, where its footer's size does not
+        bound it already). A column in lists is not bounded so: a row may hold any number
+        of its values."""
+        meta = self.file.metadata
+        info = meta.row_group(group)
+        longest = 0
+        for number in _read(info, columns):
+            chunk, column = info.column(number), meta.schema.column(number)
+            if (
+                column.physical_type != "BYTE_ARRAY"
+                or column.max_repetition_level
+                or not chunk.has_dictionary_page
+                or _ROWS_A_STEP * chunk.total_uncompressed_size <= limit
+            ):
+                continue
+            start = chunk.dictionary_page_offset
+            span = chunk.data_page_offset - start
+            try:
+                if not 0 < span <= limit:
+                    raise ValueError(f"a dictionary page of {span} bytes")
+                self.raw.seek(start)
+                longest += longest_value(self.raw.read(span), chunk.compression, limit)
+            except ValueError as error:
+                raise ShardError(
+                    f"shard {shard}: row group {group}: column {column.path!r}: {error}"
+                ) from None
+        return max(1, min(_ROWS_A_STEP, limit // max(longest, 1)))
 
     def step(self, group: int, shard: str, first: int, limit: int | None) -> list[Any]:
         """The next rows of the row group begun (``first`` the place of the first of them);
@@ -238,10 +274,12 @@ class ParquetShards(ShardStream):
         columns: The columns read (all by default).
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
-        max_bytes: The largest row group accepted: its uncompressed size in the footer
-            (of the columns read), checked before it is read, and its rows' size once
-            decoded (dictionaries and runs of repeated values expanded), checked every 1,024
-            rows as they are decoded.
+        max_bytes: The largest row group accepted, of the columns read: its uncompressed
+            size in the footer, and the fewest bytes its count of values decodes to, both
+            checked before it is read; then its rows' size once decoded (dictionaries and
+            runs of repeated values expanded), checked at every step of up to 1,024 rows as
+            they are decoded (fewer where a dictionary's longest value, from its page,
+            would take a step past ``max_bytes``).
 
     Raises:
         ImportError: pyarrow is not installed (``pip install asyncloader[parquet]``).
@@ -308,7 +346,7 @@ class ParquetShards(ShardStream):
                             f"shard {shard.name}: row group {group} decodes to {least} bytes "
                             f"at least ({least >> 20} MiB), over max_bytes={limit}"
                         )
-                    await blocking(opened.begin, group, columns)
+                    await blocking(opened.begin, group, shard.name, columns, limit)
                     place = first
                     while rows := await blocking(opened.step, group, shard.name, place, limit):
                         shard.put_all(rows)
