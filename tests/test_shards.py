@@ -591,6 +591,28 @@ def test_a_hostile_tar_shards_state_is_refused_naming_the_field(folder: Path) ->
         assert restored.state_dict()["batches_received"] == 0  # left as it was
 
 
+@pytest.mark.parametrize("saved_shuffled", [False, True])
+def test_a_state_saved_with_another_shuffle_is_refused(folder: Path, saved_shuffled: bool) -> None:
+    # The walk's places are in the order of its shards, which `shuffle` decides: loaded under
+    # the other setting, a state of 6 shards of 10 samples gave 16 of them twice, 16 never.
+    def loader(shuffle: bool) -> DataLoader:
+        dataset = on_files(folder, interleave=2, shuffle=shuffle)
+        return DataLoader(dataset, batch_size=4, seed=2, collate_fn=list)
+
+    with loader(saved_shuffled) as saved:
+        iterator: Any = iter(saved)
+        next(iterator)
+        state = saved.state_dict()
+        iterator.close()
+    restored = loader(not saved_shuffled)
+    with restored, pytest.raises(ValueError, match=f"saved with shuffle={saved_shuffled}"):
+        restored.load_state_dict(state)
+    assert restored.state_dict()["batches_received"] == 0  # left as it was
+    dataset = on_files(folder, interleave=2, shuffle=not saved_shuffled)
+    with pytest.raises(ValueError, match=f"saved with shuffle={saved_shuffled}"):
+        dataset.load_elastic([state["source"]], 0, 1)
+
+
 def test_ranks_without_a_seed_still_share_one_order(folder: Path) -> None:
     # Each rank is its own process: a seed drawn from each one's OS would give each rank
     # another permutation of the shards, and the shares would overlap.

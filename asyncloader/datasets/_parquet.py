@@ -213,7 +213,10 @@ class _Opened:
                 if not 0 < span <= limit:
                     raise ValueError(f"a dictionary page of {span} bytes")
                 self.raw.seek(start)
-                longest += longest_value(self.raw.read(span), chunk.compression, limit)
+                page = b""  # a read may give less than it was asked (a shorter range)
+                while len(page) < span and (part := self.raw.read(span - len(page))):
+                    page += part
+                longest += longest_value(page, chunk.compression, limit)
             except ValueError as error:
                 raise ShardError(
                     f"shard {shard}: row group {group}: column {column.path!r}: {error}"

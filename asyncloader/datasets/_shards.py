@@ -238,7 +238,18 @@ class ShardStream:
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch being read is (``{}`` between epochs): JSON-serialisable."""
         walk = self._walk or self._loaded
-        return walk.state() if walk is not None else {}
+        # The walk's places are in the order of the shards, which `shuffle` decides.
+        return {**walk.state(), "shuffle": self.shuffle} if walk is not None else {}
+
+    def _check(self, state: object) -> Walk:
+        """``state`` as a walk of these settings' (see :func:`check_walk`)."""
+        saved = state.get("shuffle", self.shuffle) if isinstance(state, dict) else None
+        if saved is not self.shuffle:
+            raise ValueError(
+                f"TarShards state saved with shuffle={saved!r}: its places are in another "
+                f"order of the shards than shuffle={self.shuffle} gives"
+            )
+        return check_walk(state, self.interleave, self.shuffle_buffer, len(self.shards))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next epoch of the same number continue from ``state``.
@@ -250,7 +261,7 @@ class ShardStream:
         """
         walk = None
         if not isinstance(state, dict) or state:  # {}: between epochs
-            walk = check_walk(state, self.interleave, self.shuffle_buffer, len(self.shards))
+            walk = self._check(state)
         info = stream_info()  # inside a loader's load_state_dict: the epoch it resumes
         if walk is not None and info is not None:
             self._check_saved_in(walk, info)
@@ -264,8 +275,7 @@ class ShardStream:
         Raises:
             ValueError: A state is refused, or they are not one of each rank of one epoch.
         """
-        count = len(self.shards)
-        walks = [check_walk(state, self.interleave, self.shuffle_buffer, count) for state in states]
+        walks = [self._check(state) for state in states]
         if not walks:
             raise ValueError("TarShards elastic resume needs the state of every rank, got none")
         first = walks[0]
