@@ -6,6 +6,11 @@ started lazily up to ``max_threads``, hold no reference to the pool (so a forgot
 collected), and can be waited on until idle, which is how an abandoned epoch proves that no
 thread still runs the user's code.
 
+At exit the jobs still queued are dropped and the running ones are given a few seconds to
+return (:func:`_finish_at_exit`): a daemon thread still running as the interpreter finalizes
+is ended where it stands, and if that is inside C++ code (a torch or pyarrow call in the
+user's transform) the process aborts.
+
 Results go straight to an asyncio future through ``call_soon_threadsafe``: one hop, no
 ``concurrent.futures.Future`` to chain, and a result that arrives after its loop closed (an
 epoch cut off at exit) is dropped quietly instead of raising in the pool thread.
@@ -14,6 +19,7 @@ epoch cut off at exit) is dropped quietly instead of raising in the pool thread.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import contextvars
 import itertools
@@ -21,14 +27,19 @@ import logging
 import os
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from queue import PriorityQueue
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ._stopped import escaped
 
 T = TypeVar("T")
 logger = logging.getLogger("asyncloader")
+
+_EXIT_WAIT_S: Final = 2.0
+"""How long the interpreter's exit waits, in all, for the jobs running on pool threads."""
 _Job = tuple[
     Callable[..., Any],
     tuple[Any, ...],
@@ -114,6 +125,7 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        _pools.add(self)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on a pool thread; cancelling the caller skips a job not yet begun."""
@@ -193,3 +205,42 @@ class ThreadPool:
             for thread in threads:
                 if thread is not threading.current_thread():
                     thread.join(timeout=5.0)
+
+    def abandon(self) -> list[threading.Thread]:
+        """At exit: drop the jobs not yet begun and stop the threads once their running job
+        returns; the threads, to join."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        dropped = 0
+        while not self._jobs.empty():
+            job = self._jobs.get_nowait()[2]
+            if job is not None:
+                dropped += 1
+                loop, future = job[2], job[3]
+                if future is not None and loop is not None:
+                    with contextlib.suppress(RuntimeError):  # its loop is closed
+                        loop.call_soon_threadsafe(future.cancel)
+        self._counter.add(-dropped)
+        for _ in threads:
+            self._jobs.put((float("inf"), next(self._order), None))
+        return threads
+
+
+_pools: weakref.WeakSet[ThreadPool] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    """Before the interpreter finalizes: each pool of this process drops its queued jobs,
+    and the running ones get :data:`_EXIT_WAIT_S`, in all, to return (see the module
+    docstring). One that is still running then is left as before."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    threads = [
+        thread for pool in list(_pools) if pool.pid == os.getpid() for thread in pool.abandon()
+    ]
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_finish_at_exit)
