@@ -19,6 +19,7 @@ from asyncloader.transforms import (
     RandomResizedCrop,
     ToCHW,
     ToFloat,
+    ToRGB,
 )
 
 from .images import EncodedImages, picture
@@ -96,8 +97,12 @@ def test_taking_memory_never_waits_for_a_consumer_that_holds_batches() -> None:
 
 def test_mixed_shapes_fail_the_batch_naming_both_shapes() -> None:
     collate = ImageCollator()
-    with pytest.raises(ValueError, match=r"\(8, 10, 3\).*\(9, 10, 3\)"):
+    with pytest.raises(ValueError, match=r"\(8, 10, 3\).*\(9, 10, 3\)$"):
         collate([picture(8, 10), picture(9, 10)])
+    gray = picture(8, 10)[:, :, :1]
+    with pytest.raises(ValueError, match=r"\(8, 10, 1\) \(of different channels: add ToRGB"):
+        collate([picture(8, 10), gray])
+    assert collate([picture(8, 10), ToRGB()(0, gray)]).shape == (2, 3, 8, 10)
     with pytest.raises(TypeError, match="3-D images"):
         collate([b"bytes"])
     with pytest.raises(ValueError, match="layout"):

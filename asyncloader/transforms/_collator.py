@@ -148,9 +148,16 @@ class ImageCollator:
             if item.shape != first.shape or isinstance(item, CHWImage) != isinstance(
                 first, CHWImage
             ):
+                # Channels (last for HWC, first for CHW) that alone differ: gray or RGBA
+                # images among RGB ones, which Decode keeps as they are.
+                axis = 0 if isinstance(first, CHWImage) else 2
+                others = [d for n, d in enumerate(item.shape) if n != axis]
+                hint = ""
+                if others == [d for n, d in enumerate(first.shape) if n != axis]:
+                    hint = " (of different channels: add ToRGB() or ToGray() after Decode)"
                 raise ValueError(
                     f"ImageCollator: images of different shapes in one batch: "
-                    f"{describe(first)} and {describe(item)}"
+                    f"{describe(first)} and {describe(item)}{hint}"
                 )
             if self.dtype is None and item.dtype != first.dtype:
                 # The first's dtype would wrap a uint16 into uint8, and floats in [0, 1] to 0.
