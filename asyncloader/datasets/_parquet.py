@@ -17,75 +17,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-from ._dictionary_page import longest_value
 from ._http import _check_max_bytes
+from ._parquet_sizes import ROWS_A_STEP, least_decoded, made, rows_a_step, size_read
 from ._shards import Shard, ShardStream
 from ._streaming import Blocking
 from ._tar import ShardError
-
-_ROWS_A_STEP = 1024
-"""Rows decoded and made at once: between checks of a row group's size against
-``max_bytes``, and between waits for room in the shard's buffer."""
-
-_WIDTHS: Final = {
-    "INT32": 4,
-    "FLOAT": 4,
-    "INT64": 8,
-    "DOUBLE": 8,
-    "INT96": 12,
-    "BYTE_ARRAY": 4,
-}
-"""The fewest bytes one value of each physical type decodes to (a string or a binary: its
-offset; a fixed-length binary: its length, from the schema)."""
-
-_NARROW: Final = {"INT_8": 1, "UINT_8": 1, "INT_16": 2, "UINT_16": 2}
-"""The integers stored as 32 bits that decode to fewer."""
-
-
-def _read(group: Any, columns: list[str] | None) -> list[int]:
-    """The numbers of row group ``group``'s columns that reading ``columns`` reads: a name
-    selects its column, and every field nested in it."""
-    numbers = range(group.num_columns)
-    if columns is None:
-        return list(numbers)
-    return [
-        number
-        for number in numbers
-        if any(
-            (path := group.column(number).path_in_schema) == name or path.startswith(name + ".")
-            for name in columns
-        )
-    ]
-
-
-def _size_read(group: Any, columns: list[str] | None) -> int:
-    """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
-    ``columns`` reads."""
-    if columns is None:
-        return int(group.total_byte_size)
-    return sum(group.column(number).total_uncompressed_size for number in _read(group, columns))
-
-
-def _least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
-    """The fewest bytes the columns read of ``group`` decode to, from each one's count of
-    values: runs of repeated values, and lists of them, are encoded in a few bytes.
-
-    A column's values in a row (not in lists) decode to at least their width each, nulls
-    too; one nested in lists, to at least a byte each (an empty list is counted as a
-    value, and has none)."""
-    size = 0
-    for number in _read(group, columns):
-        column = meta.schema.column(number)
-        count = max(group.column(number).num_values, 0)
-        if column.max_repetition_level:
-            size += count
-        elif column.physical_type == "BOOLEAN":
-            size += count // 8  # a bit each
-        else:
-            width = _NARROW.get(column.converted_type) or _WIDTHS.get(column.physical_type)
-            size += count * (width or column.length)
-    return size
-
 
 _EXIT_WAIT_S: Final = 10.0
 """How long the interpreter's exit waits for the reads in progress to return (see
@@ -129,28 +65,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
 
 
-def _made(batch: Any) -> int:
-    """The bytes of ``batch``'s rows once made: a value of a dictionary column counts for
-    each row it is in (a row is made with a copy of it)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    size = 0
-    for column in batch.columns:
-        kind = column.type
-        if pa.types.is_dictionary(kind) and (
-            pa.types.is_binary(kind.value_type)
-            or pa.types.is_string(kind.value_type)
-            or pa.types.is_large_binary(kind.value_type)
-            or pa.types.is_large_string(kind.value_type)
-        ):
-            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
-            size += column.indices.nbytes + (pc.sum(lengths).as_py() or 0)
-        else:
-            size += column.nbytes
-    return size
-
-
 class _Opened:
     """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
 
@@ -183,45 +97,11 @@ class _Opened:
         as keep a step's decoding within ``limit``."""
         with self.lock:
             self._check_open()
-            rows = _ROWS_A_STEP
+            rows = ROWS_A_STEP
             if limit is not None:
-                rows = self._rows_a_step(group, shard, columns, limit)
+                rows = rows_a_step(self.file.metadata, self.raw, group, shard, columns, limit)
             self._steps = self.file.iter_batches(rows, row_groups=[group], columns=columns)
             self._decoded = 0
-
-    def _rows_a_step(self, group: int, shard: str, columns: list[str] | None, limit: int) -> int:
-        """Rows of ``group`` that decode to at most ``limit``, as far as the dictionaries of
-        its string and binary columns tell: a row of such a column is a copy of any of its
-        dictionary's values (each dictionary page read once, where its footer's size does not
-        bound it already). A column in lists is not bounded so: a row may hold any number
-        of its values."""
-        meta = self.file.metadata
-        info = meta.row_group(group)
-        longest = 0
-        for number in _read(info, columns):
-            chunk, column = info.column(number), meta.schema.column(number)
-            if (
-                column.physical_type != "BYTE_ARRAY"
-                or column.max_repetition_level
-                or not chunk.has_dictionary_page
-                or _ROWS_A_STEP * chunk.total_uncompressed_size <= limit
-            ):
-                continue
-            start = chunk.dictionary_page_offset
-            span = chunk.data_page_offset - start
-            try:
-                if not 0 < span <= limit:
-                    raise ValueError(f"a dictionary page of {span} bytes")
-                self.raw.seek(start)
-                page = b""  # a read may give less than it was asked (a shorter range)
-                while len(page) < span and (part := self.raw.read(span - len(page))):
-                    page += part
-                longest += longest_value(page, chunk.compression, limit)
-            except ValueError as error:
-                raise ShardError(
-                    f"shard {shard}: row group {group}: column {column.path!r}: {error}"
-                ) from None
-        return max(1, min(_ROWS_A_STEP, limit // max(longest, 1)))
 
     def step(self, group: int, shard: str, first: int, limit: int | None) -> list[Any]:
         """The next rows of the row group begun (``first`` the place of the first of them);
@@ -239,7 +119,7 @@ class _Opened:
             if batch is None:
                 self._steps = None
                 return []
-            self._decoded += _made(batch)
+            self._decoded += made(batch)
             if limit is not None and self._decoded > limit:
                 raise ShardError(
                     f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
@@ -339,12 +219,12 @@ class ParquetShards(ShardStream):
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
-                    if limit is not None and (size := _size_read(info, columns)) > limit:
+                    if limit is not None and (size := size_read(info, columns)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} is {size} bytes, over "
                             f"max_bytes={limit}"
                         )
-                    if limit is not None and (least := _least_decoded(meta, info, columns)) > limit:
+                    if limit is not None and (least := least_decoded(meta, info, columns)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} decodes to {least} bytes "
                             f"at least ({least >> 20} MiB), over max_bytes={limit}"

@@ -1,0 +1,133 @@
+"""What a Parquet row group decodes to, as far as its footer and its dictionary pages tell,
+and what a step of its rows takes once decoded: the bounds ``ParquetShards`` checks against
+``max_bytes``. The footer counts the data encoded; runs of repeated values, lists of them and
+dictionaries decode to far more.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ._dictionary_page import longest_value
+from ._tar import ShardError
+
+ROWS_A_STEP: Final = 1024
+"""The most rows decoded and made at once (see :func:`rows_a_step`)."""
+
+_WIDTHS: Final = {
+    "INT32": 4,
+    "FLOAT": 4,
+    "INT64": 8,
+    "DOUBLE": 8,
+    "INT96": 12,
+    "BYTE_ARRAY": 4,
+}
+"""The fewest bytes one value of each physical type decodes to (a string or a binary: its
+offset; a fixed-length binary: its length, from the schema)."""
+
+_NARROW: Final = {"INT_8": 1, "UINT_8": 1, "INT_16": 2, "UINT_16": 2}
+"""The integers stored as 32 bits that decode to fewer."""
+
+
+def _read(group: Any, columns: list[str] | None) -> list[int]:
+    """The numbers of row group ``group``'s columns that reading ``columns`` reads: a name
+    selects its column, and every field nested in it."""
+    numbers = range(group.num_columns)
+    if columns is None:
+        return list(numbers)
+    return [
+        number
+        for number in numbers
+        if any(
+            (path := group.column(number).path_in_schema) == name or path.startswith(name + ".")
+            for name in columns
+        )
+    ]
+
+
+def size_read(group: Any, columns: list[str] | None) -> int:
+    """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
+    ``columns`` reads."""
+    if columns is None:
+        return int(group.total_byte_size)
+    return sum(group.column(number).total_uncompressed_size for number in _read(group, columns))
+
+
+def least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
+    """The fewest bytes the columns read of ``group`` decode to, from each one's count of
+    values: runs of repeated values, and lists of them, are encoded in a few bytes.
+
+    A column's values in a row (not in lists) decode to at least their width each, nulls
+    too; one nested in lists, to at least a byte each (an empty list is counted as a
+    value, and has none)."""
+    size = 0
+    for number in _read(group, columns):
+        column = meta.schema.column(number)
+        count = max(group.column(number).num_values, 0)
+        if column.max_repetition_level:
+            size += count
+        elif column.physical_type == "BOOLEAN":
+            size += count // 8  # a bit each
+        else:
+            width = _NARROW.get(column.converted_type) or _WIDTHS.get(column.physical_type)
+            size += count * (width or column.length)
+    return size
+
+
+def rows_a_step(
+    meta: Any, raw: Any, group: int, shard: str, columns: list[str] | None, limit: int
+) -> int:
+    """Rows of row group ``group`` (of the file ``raw`` whose footer is ``meta``) that
+    decode to at most ``limit``, as far as the dictionaries of
+    its string and binary columns tell: a row of such a column is a copy of any of its
+    dictionary's values (each dictionary page read once, where its footer's size does not
+    bound it already). A column in lists is not bounded so: a row may hold any number
+    of its values."""
+    info = meta.row_group(group)
+    longest = 0
+    for number in _read(info, columns):
+        chunk, column = info.column(number), meta.schema.column(number)
+        if (
+            column.physical_type != "BYTE_ARRAY"
+            or column.max_repetition_level
+            or not chunk.has_dictionary_page
+            or ROWS_A_STEP * chunk.total_uncompressed_size <= limit
+        ):
+            continue
+        start = chunk.dictionary_page_offset
+        span = chunk.data_page_offset - start
+        try:
+            if not 0 < span <= limit:
+                raise ValueError(f"a dictionary page of {span} bytes")
+            raw.seek(start)
+            page = b""  # a read may give less than it was asked (a shorter range)
+            while len(page) < span and (part := raw.read(span - len(page))):
+                page += part
+            longest += longest_value(page, chunk.compression, limit)
+        except ValueError as error:
+            raise ShardError(
+                f"shard {shard}: row group {group}: column {column.path!r}: {error}"
+            ) from None
+    return max(1, min(ROWS_A_STEP, limit // max(longest, 1)))
+
+
+def made(batch: Any) -> int:
+    """The bytes of ``batch``'s rows once made: a value of a dictionary column counts for
+    each row it is in (a row is made with a copy of it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    size = 0
+    for column in batch.columns:
+        kind = column.type
+        if pa.types.is_dictionary(kind) and (
+            pa.types.is_binary(kind.value_type)
+            or pa.types.is_string(kind.value_type)
+            or pa.types.is_large_binary(kind.value_type)
+            or pa.types.is_large_string(kind.value_type)
+        ):
+            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
+            size += column.indices.nbytes + (pc.sum(lengths).as_py() or 0)
+        else:
+            size += column.nbytes
+    return size
