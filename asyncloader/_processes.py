@@ -26,6 +26,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -229,15 +230,24 @@ class _Worker:
         if held or not self.ready:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:  # it could not even start: a new one would fare no better
-            failure = None if pool.zygote is None else pool.zygote.failure
-            error = (
-                rebuild_error(failure, "as the worker processes started")
-                if failure is not None
-                else WorkerError(
+            zygote = pool.zygote
+            failure = None if zygote is None else zygote.failure
+            ended = None
+            if zygote is not None and not self.process.pid:  # never forked: did the zygote end?
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it may still be exiting
+                    ended = zygote.process.wait(timeout=1.0)
+            if failure is not None:
+                error = rebuild_error(failure, "as the worker processes started")
+            elif ended is not None:  # the zygote ended before it forked: as it loaded the work
+                error = WorkerError(
+                    f"the asyncloader worker processes' server {_reason(ended)} as it loaded "
+                    "the work (the dataset, transform and collate_fn) for the workers"
+                )
+            else:
+                error = WorkerError(
                     f"asyncloader worker process {self.number} {reason} as it started "
                     "(its output says why)"
                 )
-            )
             error = pool.broke(error)
             for task in held:
                 task.resolve(None, error)

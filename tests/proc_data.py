@@ -145,6 +145,22 @@ class LoadsOnlyHere(Images):
         self.__dict__.update(state)
 
 
+class EndsAsLoaded(Images):
+    """Pickles, but ends the process that loads it in a worker (with ``os._exit(code)``, or
+    the signal ``code`` when ``signal`` is true)."""
+
+    def __init__(self, n: int, code: int, signal: bool = False) -> None:
+        super().__init__(n)
+        self.code, self.signal = code, signal
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if os.environ.get("ASYNCLOADER_WORKER"):
+            if state["signal"]:
+                os.kill(os.getpid(), state["code"])
+            os._exit(state["code"])
+        self.__dict__.update(state)
+
+
 class Unpicklable(Images):
     """Holds a lock, which cannot be pickled."""
 

@@ -500,6 +500,26 @@ def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why() -
             assert "__setstate__" in str(outcome)  # the worker's traceback
 
 
+@pytest.mark.parametrize(
+    ("dataset", "said"),
+    [
+        (proc_data.EndsAsLoaded(8, 3), "exited with code 3"),
+        (proc_data.EndsAsLoaded(8, signal.SIGSEGV, signal=True), "was killed by signal SIGSEGV"),
+    ],
+)
+def test_work_whose_loading_ends_the_process_fails_every_batch_naming_how(
+    dataset: Any, said: str
+) -> None:
+    # The zygote loads the work once for the workers: it was the process that ended, and the
+    # batches said "worker process 0 exited with code None as it started".
+    with ready(DataLoader(dataset, batch_size=4, cpu_processes=1)) as loader:  # broken, so
+        for outcome in run_epoch(loader):
+            assert isinstance(outcome, WorkerError)
+            assert str(outcome).startswith(
+                f"the asyncloader worker processes' server {said} as it loaded the work"
+            ), outcome
+
+
 def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
     with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
         DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
