@@ -93,6 +93,7 @@ class EpochContext:
         assert self.procs is not None
         async with self.starting:
             if not self.procs.ready:
+                self.procs.note_slow_start()
                 # Started with the first batch: what they take of the CPU to start is less
                 # than what every batch made before they are ready would lose.
                 self.procs.start()

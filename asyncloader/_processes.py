@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -41,6 +42,10 @@ from ._worker import ErrorPayload, Job
 from ._zygote import Zygote
 
 logger = logging.getLogger("asyncloader")
+
+SLOW_START_S = 30.0
+"""How long the workers may take to be ready before a warning says so (their start is
+about a quarter of a second here; a load that waits on a network can take for ever)."""
 
 DEPTH: Final = 2
 """Jobs one worker holds at most: the one it runs and the next."""
@@ -306,12 +311,15 @@ class ProcessPool:
         self._changed = threading.Condition(threading.Lock())
         self._ready = threading.Event()
         self._starter: threading.Thread | None = None
+        self._start_time: float | None = None
+        self._slow_said = False
 
     def start(self) -> None:
         """Start the workers, on a thread of their own (the caller goes on); idempotent."""
         with self._changed:
             if self._starter is not None or self.closing:
                 return
+            self._start_time = time.monotonic()
             self._starter = threading.Thread(
                 target=self._start, name="asyncloader-workers-start", daemon=True
             )
@@ -417,6 +425,22 @@ class ProcessPool:
     def started(self) -> None:
         """A worker has loaded the work: jobs go to the workers from now on."""
         self._ready.set()
+
+    def note_slow_start(self) -> None:
+        """Say once, as a warning, that the workers are still not ready after
+        :data:`SLOW_START_S` (their server still loads the work: a ``__setstate__`` that
+        waits on something): until they are, one CPU thread makes the batches."""
+        started = self._start_time
+        if self._slow_said or started is None or time.monotonic() - started < SLOW_START_S:
+            return
+        self._slow_said = True
+        logger.warning(
+            "asyncloader: the %d worker processes are not ready %.0f s after they were "
+            "started (they still load the work: the dataset, transform and collate_fn); "
+            "until they are, the batches are made on one CPU thread",
+            self.processes,
+            time.monotonic() - started,
+        )
 
     @property
     def ready(self) -> bool:

@@ -161,6 +161,16 @@ class EndsAsLoaded(Images):
         self.__dict__.update(state)
 
 
+class WaitsAsLoaded(Images):
+    """Pickles, but its loading in a worker waits for ever (a ``__setstate__`` that waits on
+    a server that never answers)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if os.environ.get("ASYNCLOADER_WORKER"):
+            threading.Event().wait()
+        self.__dict__.update(state)
+
+
 class Unpicklable(Images):
     """Holds a lock, which cannot be pickled."""
 

@@ -520,6 +520,28 @@ def test_work_whose_loading_ends_the_process_fails_every_batch_naming_how(
             ), outcome
 
 
+def test_workers_that_are_never_ready_are_said_to_be_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Their server waits for ever in the dataset's __setstate__: the batches are made on one
+    # CPU thread, which was said nowhere. Told at once here, not after 30 s.
+    from asyncloader import _processes
+
+    monkeypatch.setattr(_processes, "SLOW_START_S", 0.0)
+    with DataLoader(proc_data.WaitsAsLoaded(16), batch_size=4, cpu_processes=2) as loader:
+        with caplog.at_level("WARNING", logger="asyncloader"):
+            for _ in range(2):
+                assert len(run_epoch(loader)) == 4  # made on the thread, every batch
+        said = [r.getMessage() for r in caplog.records if "not ready" in r.getMessage()]
+        assert len(said) == 1
+        assert said[0].startswith("asyncloader: the 2 worker processes are not ready")
+    monkeypatch.undo()  # workers that start as they should: nothing said
+    loader = ready(DataLoader(proc_data.Images(16), batch_size=4, cpu_processes=2))
+    with loader, caplog.at_level("WARNING", logger="asyncloader"):
+        run_epoch(loader)
+    assert len([r for r in caplog.records if "not ready" in r.getMessage()]) == 1
+
+
 def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
     with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
         DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
