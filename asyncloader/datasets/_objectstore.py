@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import re
 from typing import TYPE_CHECKING, Any, Final
@@ -68,6 +69,23 @@ def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str,
         return open_url(url, client_options=client, retry_config=_retry_config(retry), **options)
     except Exception as error:  # obstore's config errors may echo the URL or the options
         raise ValueError(f"cannot open store {redact_url(url)!r}: {_clean(error)}") from None
+
+
+def _without_markers(listed: set[str], empty: list[str]) -> list[str]:
+    """``listed``, sorted, less the folder markers among its ``empty`` objects.
+
+    A marker is an empty object whose key ends in "/" (the S3 console, rclone and Hadoop's
+    S3A write them for folders); obstore lists it without the slash, and no GET finds it
+    then. The prefix's own marker is listed as ``""``; another one is known by the keys
+    under it. An empty folder's marker cannot be told from an empty object, and is kept.
+    """
+    keys = sorted(listed)
+    markers = set()
+    for path in empty:
+        under = bisect.bisect_left(keys, path + "/")
+        if path == "" or (under < len(keys) and keys[under].startswith(path + "/")):
+            markers.add(path)
+    return [key for key in keys if key not in markers]
 
 
 class _Repeated(Exception):
@@ -200,6 +218,7 @@ class ObjectStoreDataset:
         store = open_store(url, retry, timeout, options)
         failure: Exception | None = None
         listed: set[str] = set()
+        empty: list[str] = []
         try:
             # Page by page, each awaited whole (no request is left in flight when it stops).
             async for page in obstore.list(store, chunk_size=1000):
@@ -209,6 +228,8 @@ class ObjectStoreDataset:
                         # (the same token, the same keys) would be read forever.
                         raise _Repeated
                     listed.add(meta["path"])
+                    if meta["size"] == 0:
+                        empty.append(meta["path"])
         except _Repeated:
             failure = OSError(
                 f"LIST {redact_url(url)}: the server lists an object twice (its pages repeat, "
@@ -227,7 +248,7 @@ class ObjectStoreDataset:
                 raise failure
             finally:
                 del failure
-        return cls(store, sorted(listed), retry=retry, max_bytes=max_bytes)
+        return cls(store, _without_markers(listed, empty), retry=retry, max_bytes=max_bytes)
 
     def __len__(self) -> int:
         return len(self.locations)
