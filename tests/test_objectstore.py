@@ -29,11 +29,11 @@ def s3() -> Iterator[str]:
     objects["shards/all.bin"] = b"".join(payload(i) for i in range(12))
     objects["other/x.bin"] = b"x"
     # Folder markers, as the S3 console, rclone or Hadoop's S3A write them: empty objects
-    # whose keys end in "/" (one of them childless: an empty folder).
+    # whose keys end in "/" (one of them childless: an empty folder); and an empty object.
     objects.update(
         {"marked/": b"", "marked/a.bin": b"a", "marked/sub/": b"", "marked/sub/b.bin": b"b"}
     )
-    objects["marked/empty/"] = b""
+    objects.update({"marked/empty/": b"", "marked/void": b""})
     with run_moto("train", objects) as moto:
         yield moto.endpoint
 
@@ -76,14 +76,9 @@ async def test_from_prefix_leaves_out_folder_markers(s3: str) -> None:
     # obstore lists "marked/" and "marked/sub/" as "" and "sub" (no trailing slash), which no
     # GET then finds: every epoch failed their places, naming objects that do not exist.
     data = await ObjectStoreDataset.from_prefix("s3://train/marked/", **options(s3))
-    assert [data.locations[i] for i in range(len(data))] == ["a.bin", "empty", "sub/b.bin"]
-    # A folder with nothing in it cannot be told from an empty object by its listing: it is
-    # kept, and fails its own item, saying it is not found.
-    assert [item if isinstance(item, bytes) else type(item) for item in items(data)] == [
-        b"a",
-        FileNotFoundError,
-        b"b",
-    ]
+    assert [data.locations[i] for i in range(len(data))] == ["a.bin", "sub/b.bin", "void"]
+    # An empty folder is told from an empty object (which is kept) by a HEAD.
+    assert items(data) == [b"a", b"b", b""]
 
 
 async def test_from_prefix_of_nothing_is_a_clear_error(s3: str) -> None:

@@ -71,19 +71,27 @@ def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str,
         raise ValueError(f"cannot open store {redact_url(url)!r}: {_clean(error)}") from None
 
 
-def _without_markers(listed: set[str], empty: list[str]) -> list[str]:
+async def _without_markers(store: Any, listed: set[str], empty: list[str]) -> list[str]:
     """``listed``, sorted, less the folder markers among its ``empty`` objects.
 
     A marker is an empty object whose key ends in "/" (the S3 console, rclone and Hadoop's
     S3A write them for folders); obstore lists it without the slash, and no GET finds it
-    then. The prefix's own marker is listed as ``""``; another one is known by the keys
-    under it. An empty folder's marker cannot be told from an empty object, and is kept.
+    then. The prefix's own marker is listed as ``""``, another one is known by the keys under
+    it; an empty folder's, by a HEAD that does not find it (an empty object is found).
     """
+    import obstore
+    from obstore.exceptions import NotFoundError
+
     keys = sorted(listed)
     markers = set()
     for path in empty:
         under = bisect.bisect_left(keys, path + "/")
         if path == "" or (under < len(keys) and keys[under].startswith(path + "/")):
+            markers.add(path)
+            continue
+        try:
+            await obstore.head_async(store, path)
+        except (NotFoundError, FileNotFoundError):  # obstore raises either
             markers.add(path)
     return [key for key in keys if key not in markers]
 
@@ -248,7 +256,12 @@ class ObjectStoreDataset:
                 raise failure
             finally:
                 del failure
-        return cls(store, _without_markers(listed, empty), retry=retry, max_bytes=max_bytes)
+        try:
+            keys = await _without_markers(store, listed, empty)
+        except Exception as error:
+            del store
+            raise _translate(error, f"HEAD {redact_url(url)}") from None
+        return cls(store, keys, retry=retry, max_bytes=max_bytes)
 
     def __len__(self) -> int:
         return len(self.locations)
