@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,6 +160,55 @@ def test_memory_and_local_stores(tmp_path: Path) -> None:
     ]
     by_url = ObjectStoreDataset(f"file://{tmp_path}", ["2.bin"])
     assert items(by_url) == [payload(2)]
+
+
+def test_a_local_store_reads_beneath_its_folder_only(tmp_path: Path) -> None:
+    # obstore's LocalStore follows links: a link to a file outside the folder, or to a folder
+    # outside it, was read as an object (and listed by from_prefix). Read as FileDataset
+    # reads beneath its root: links that stay inside are followed.
+    outside, folder = tmp_path / "outside", tmp_path / "data"
+    outside.mkdir()
+    folder.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (folder / "a.bin").write_bytes(b"abc")
+    (folder / "inside").symlink_to(folder / "a.bin")
+    (folder / "link").symlink_to(outside / "secret")
+    (folder / "dirlink").symlink_to(outside)
+    keys = ["a.bin", "inside", "link", "dirlink/secret", ("a.bin", 1, 2)]
+    for store in (LocalStore(folder), f"file://{folder}"):
+        got = items(ObjectStoreDataset(store, keys), batch_size=1)
+        assert got[:2] == [b"abc", b"abc"]
+        assert [type(error) for error in got[2:4]] == [PermissionError, PermissionError]
+        assert all("leaves root" in str(error) for error in got[2:4])
+        assert got[4] == b"bc"
+    listed = asyncio.run(ObjectStoreDataset.from_prefix(f"file://{folder}/"))
+    assert b"secret" not in items(listed)
+
+
+def test_a_fifo_in_a_local_store_fails_its_item_instead_of_blocking(tmp_path: Path) -> None:
+    """obstore's LocalStore opened it and waited for a writer for ever: in a child."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "ok").write_bytes(b"ok")
+    script = f"""
+from asyncloader import DataLoader, ObjectStoreDataset
+loader = DataLoader(
+    ObjectStoreDataset("file://{tmp_path}", ["pipe", "ok"]), collate_fn=list, timeout=20
+)
+it = iter(loader)
+try:
+    next(it)
+except OSError as error:
+    print("refused:", error)
+print("next:", bytes(next(it)[0]))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    assert "a FIFO, not a regular file" in lines[0]
+    assert lines[1] == "next: b'ok'"
 
 
 def test_items_share_obstores_buffer(tmp_path: Path) -> None:

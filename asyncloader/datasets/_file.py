@@ -102,6 +102,11 @@ class FileDataset:
     def __getitem__(self, index: int) -> bytes | _mmap.mmap:
         location = self.locations[index]
         assert isinstance(location, str)
+        return self.read(location)
+
+    def read(self, location: str) -> bytes | _mmap.mmap:
+        """The file at ``location`` (beneath ``root``), read as an item is: with the checks,
+        limits and retries above."""
         return retrying_sync(self.retry, lambda: self._load(location))
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
@@ -110,6 +115,10 @@ class FileDataset:
         that grows as it is read stops there), each read a ``blocking`` call."""
         location = self.locations[index]
         assert isinstance(location, str)
+        await self.stream_location(location, sink, blocking)
+
+    async def stream_location(self, location: str, sink: Sink, blocking: Blocking) -> None:
+        """The file at ``location``, chunk by chunk into ``sink``, as :meth:`stream` says."""
         file = _Shared()
         try:
             await blocking(
@@ -131,6 +140,10 @@ class FileDataset:
         regular file within ``max_bytes``, as an item is."""
         location = self.locations[index]
         assert isinstance(location, str)
+        return self.open_location(location)
+
+    def open_location(self, location: str) -> IO[bytes]:
+        """The file at ``location`` opened as :meth:`open_file` says."""
         return retrying_sync(self.retry, lambda: self._open(location))
 
     def _open(self, location: str) -> IO[bytes]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import datetime
+import os
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
+from ._file import FileDataset
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
 from ._ranges import RangeFile
@@ -96,6 +99,21 @@ async def _without_markers(store: Any, listed: set[str], empty: list[str]) -> li
     return [key for key in keys if key not in markers]
 
 
+def _local_folder(store: Any, retry: Retry, max_bytes: int | None) -> FileDataset | None:
+    """A local store's folder as a :class:`FileDataset`, which reads beneath its root (a
+    link out of it fails its item, a FIFO is refused); ``None`` for any other store.
+
+    obstore's ``LocalStore`` follows every link, out of the folder too, and opening a FIFO
+    waits for a writer for ever.
+    """
+    from obstore.store import LocalStore
+
+    if not isinstance(store, LocalStore):
+        return None
+    root = "/" if store.prefix is None else os.fspath(store.prefix)
+    return FileDataset([], root=root, retry=retry, max_bytes=max_bytes)
+
+
 class _Repeated(Exception):
     """A listing named a key it had named before."""
 
@@ -156,6 +174,10 @@ class ObjectStoreDataset:
     ``Bytes`` implements the buffer protocol: ``memoryview(item)``, ``np.frombuffer(item)``
     and ``bytes(item)`` work, the first two without a copy.
 
+    A local store (``file://``, ``LocalStore``) is read as :class:`FileDataset` reads its
+    ``root``, its items ``bytes``: beneath its folder only (a link that leaves it fails its
+    item), regular files only (a FIFO is refused, not waited on).
+
     Args:
         store: An obstore store, or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
             ``file://``, ``memory://``), optionally with a prefix the keys are under.
@@ -204,6 +226,7 @@ class ObjectStoreDataset:
             self.store = store
         self.locations = Locations(locations, "key", length)
         self.max_bytes = _check_max_bytes(max_bytes)
+        self._files = _local_folder(self.store, self.retry, self.max_bytes)
 
     @classmethod
     async def from_prefix(
@@ -276,10 +299,14 @@ class ObjectStoreDataset:
                 raise ValueError(
                     f"range of {key!r} is {size} bytes, over max_bytes={self.max_bytes}"
                 )
+            if self._files is not None:
+                return await asyncio.to_thread(self._read_range, key, offset, size)
             try:
                 return await obstore.get_range_async(self.store, key, start=offset, length=size)
             except Exception as error:
                 raise _translate(error, f"GET {key} [{offset}:{offset + size}]") from None
+        if self._files is not None:
+            return await asyncio.to_thread(self._files.read, location)
         try:
             result = await obstore.get_async(self.store, location)
             if self.max_bytes is not None and result.meta["size"] > self.max_bytes:
@@ -292,6 +319,12 @@ class ObjectStoreDataset:
         except Exception as error:
             raise _translate(error, f"GET {location}") from None
 
+    def _read_range(self, key: str, offset: int, size: int) -> bytes:
+        assert self._files is not None
+        with self._files.open_location(key) as file:
+            file.seek(offset)
+            return file.read(size)
+
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """Object ``index``, chunk by chunk into ``sink``: one GET whose body streams in as
         ``sink`` takes it (a byte range is not a shard, and is refused)."""
@@ -300,6 +333,9 @@ class ObjectStoreDataset:
         location = self.locations[index]
         if isinstance(location, tuple):
             raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
+        if self._files is not None:
+            await self._files.stream_location(location, sink, blocking)
+            return
         what = f"GET {location}"
         try:
             result = await obstore.get_async(self.store, location)
@@ -319,7 +355,7 @@ class ObjectStoreDataset:
                 raise _translate(error, what) from None
             await sink(chunk)
 
-    def open_file(self, index: int, loop: object = None) -> RangeFile:
+    def open_file(self, index: int, loop: object = None) -> RangeFile | IO[bytes]:
         """Object ``index`` as a file read anywhere in it (blocking): each read one range GET
         (a byte range is not a shard, and is refused). Every read is of the version the HEAD
         sized (``If-Match`` its ETag, or its version id): it fails if the object was replaced
@@ -327,6 +363,8 @@ class ObjectStoreDataset:
         location = self.locations[index]
         if isinstance(location, tuple):
             raise ValueError(f"{location!r} is a byte range; a shard is a whole object")
+        if self._files is not None:
+            return self._files.open_location(location)
         import obstore
         from obstore.exceptions import PreconditionError
 
