@@ -81,6 +81,18 @@ def test_columns_can_be_selected(folder: Path) -> None:
     assert set(first) == {"id", "__shard__", "__row__"}
 
 
+def test_a_column_that_no_shard_has_fails_each_shard_naming_it(folder: Path) -> None:
+    # pyarrow passes over a column it does not find: a misspelt name gave rows without it,
+    # the whole epoch, and no error.
+    dataset = ParquetShards(FileDataset(names()[:2], root=folder), columns=["id", "txet"])
+    with DataLoader(dataset, batch_size=1, collate_fn=list) as loader:
+        said = every_outcome(loader, len)
+    assert said == [
+        f"shard {name}: no column 'txet' (its columns: 'id', 'text', 'score')"
+        for name in names()[:2]
+    ]
+
+
 def test_the_order_is_the_same_whatever_num_workers(folder: Path) -> None:
     runs = []
     for workers in (0, 3):
@@ -366,6 +378,8 @@ def test_settings_are_checked(folder: Path) -> None:
         ParquetShards([str(folder / "0.parquet")])
     with pytest.raises(TypeError, match="columns"):
         ParquetShards(FileDataset(names(), root=folder), columns="id")
+    with pytest.raises(ValueError, match="columns must name at least one column"):
+        ParquetShards(FileDataset(names(), root=folder), columns=[])
     with pytest.raises(ValueError, match="interleave"):
         ParquetShards(FileDataset(names(), root=folder), interleave=0)
 

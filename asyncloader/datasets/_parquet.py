@@ -18,7 +18,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from ._http import _check_max_bytes
-from ._parquet_sizes import ROWS_A_STEP, least_decoded, made, rows_a_step, size_read
+from ._parquet_sizes import (
+    ROWS_A_STEP,
+    least_decoded,
+    made,
+    missing_column,
+    rows_a_step,
+    size_read,
+)
 from ._shards import Shard, ShardStream
 from ._streaming import Blocking
 from ._tar import ShardError
@@ -191,6 +198,8 @@ class ParquetShards(ShardStream):
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
         ):
             raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        if columns is not None and not columns:
+            raise ValueError("columns must name at least one column (None: all of them)")
         super().__init__(
             shards,
             interleave=interleave,
@@ -208,6 +217,11 @@ class ParquetShards(ShardStream):
             opened = _Opened()
             try:
                 meta = await blocking(opened.open, source, index, asyncio.get_running_loop())
+                if (missing := missing_column(meta, columns)) is not None:
+                    named = ", ".join(repr(name) for name in meta.schema.names)
+                    raise ShardError(
+                        f"shard {shard.name}: no column {missing!r} (its columns: {named})"
+                    )
                 first = 0
                 for group in range(meta.num_row_groups):
                     info = meta.row_group(group)

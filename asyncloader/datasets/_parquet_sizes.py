@@ -45,6 +45,16 @@ def _read(group: Any, columns: list[str] | None) -> list[int]:
     ]
 
 
+def missing_column(meta: Any, columns: list[str] | None) -> str | None:
+    """The first of ``columns`` that names no column of the file whose footer is ``meta``
+    (pyarrow passes over such a name: a misspelt one would give rows without it)."""
+    paths = [meta.schema.column(number).path for number in range(meta.num_columns)]
+    for name in columns or ():
+        if not any(path == name or path.startswith(name + ".") for path in paths):
+            return name
+    return None
+
+
 def size_read(group: Any, columns: list[str] | None) -> int:
     """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
     ``columns`` reads."""
