@@ -161,7 +161,8 @@ class ParquetShards(ShardStream):
             :class:`ObjectStoreDataset` or an :class:`HttpDataset` (Parquet is read by
             ranges: reads of a file, range GETs of an object or a URL, whose server must
             answer ``Range`` requests).
-        columns: The columns read (all by default).
+        columns: The columns read (all by default): each name a column, or a field nested
+            in one; a name that a shard does not have fails that shard.
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
         max_bytes: The largest row group accepted, of the columns read: its uncompressed
