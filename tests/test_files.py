@@ -49,6 +49,13 @@ def test_files_are_read_whole_and_in_order(
     assert items == [bytes([i]) * (i * 1000) for i in range(6)]
 
 
+def test_a_root_that_is_not_a_folder_fails_at_construction(folder: Path) -> None:
+    # Accepted, then every item of every epoch failed, each saying only that it was missing.
+    for root in (folder / "missing", folder / "001.bin"):
+        with pytest.raises(ValueError, match=f"root {str(root)!r} is not a folder"):
+            FileDataset(["001.bin"], root=root)
+
+
 def test_absolute_paths_without_root(folder: Path) -> None:
     assert read_all(FileDataset([str(folder / "002.bin")])) == [b"\x02" * 2000]
 

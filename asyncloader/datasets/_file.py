@@ -77,6 +77,8 @@ class FileDataset:
         self.mmap = mmap
         self.locations = Locations(locations, "path", length)
         self.root = None if root is None else os.fspath(root)
+        if self.root is not None and not os.path.isdir(self.root):  # else every item fails
+            raise ValueError(f"root {self.root!r} is not a folder")
         self._real_root = None if self.root is None else os.path.realpath(self.root)
         self.retry = retry if retry is not None else Retry()
         if not isinstance(self.retry, Retry):
