@@ -185,6 +185,12 @@ def test_a_local_store_reads_beneath_its_folder_only(tmp_path: Path) -> None:
     assert b"secret" not in items(listed)
 
 
+def test_a_local_store_of_a_missing_folder_fails_at_construction(tmp_path: Path) -> None:
+    # obstore's own GenericError, with its debug dump of the path, came out as it was.
+    with pytest.raises(ValueError, match=r"cannot open store .*: Generic LocalFileSystem error"):
+        ObjectStoreDataset(f"file://{tmp_path}/missing", ["a"])
+
+
 def test_a_fifo_in_a_local_store_fails_its_item_instead_of_blocking(tmp_path: Path) -> None:
     """obstore's LocalStore opened it and waited for a writer for ever: in a child."""
     os.mkfifo(tmp_path / "pipe")

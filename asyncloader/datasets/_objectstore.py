@@ -66,9 +66,10 @@ def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str,
         client["allow_http"] = bool(options.pop("allow_http"))
     if timeout is not None:
         client["timeout"] = datetime.timedelta(seconds=timeout)
-    if url.startswith(("file://", "memory://")):
-        return open_url(url, **options)
+    local = url.startswith(("file://", "memory://"))
     try:
+        if local:
+            return open_url(url, **options)
         return open_url(url, client_options=client, retry_config=_retry_config(retry), **options)
     except Exception as error:  # obstore's config errors may echo the URL or the options
         raise ValueError(f"cannot open store {redact_url(url)!r}: {_clean(error)}") from None
