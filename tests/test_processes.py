@@ -135,36 +135,3 @@ def test_exit_with_live_loaders_and_iterators_is_prompt_and_clean(setup: str) ->
     assert result.stdout.strip() == "done"
     assert "Traceback" not in result.stderr, result.stderr
     assert "was destroyed but it is pending" not in result.stderr, result.stderr
-
-
-TORCH_TRANSFORM = """
-import torch
-
-def conv(index, item):  # C++ that releases the GIL, as a torch transform does
-    return torch.nn.functional.conv2d(torch.ones(1, 1, 64, 64), torch.ones(1, 1, 5, 5)).sum()
-
-loader = DataLoader(Data(10_000), batch_size=8, num_workers=4, cpu_threads=2, transform=conv)
-it = iter(loader)
-for _ in range(3):
-    next(it)
-print("done")
-"""
-
-
-def test_exit_with_an_iterator_whose_transform_runs_torch_does_not_abort() -> None:
-    # A script that takes batches with next() and ends: the interpreter finalized while the
-    # CPU threads were inside torch's C++ code; ending them there aborted the process
-    # ("terminate called without an active exception", SIGABRT) in 7 of 8 runs. Four at once.
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", PRELUDE + TORCH_TRANSFORM],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for _ in range(4)
-    ]
-    ended = [child.communicate(timeout=120) for child in children]
-    assert [child.returncode for child in children] == [0] * 4, [err[-500:] for _, err in ended]
-    assert all(out.strip() == "done" for out, _ in ended)
