@@ -95,6 +95,17 @@ def test_taking_memory_never_waits_for_a_consumer_that_holds_batches() -> None:
     assert collate.reused == 1  # at most `buffers` were kept
 
 
+def test_batches_of_a_new_size_are_reused_after_older_sizes() -> None:
+    # Batches padded to their largest image change size; the pool kept the first sizes'
+    # buffers for good, so once it held `buffers` of them no later size was ever reused.
+    collate = ImageCollator(buffers=2)
+    for size in (1, 2, 3, 3, 3, 3):
+        batch = collate(images(size))
+        del batch
+        gc.collect()
+    assert collate.reused == 3  # each size-3 batch after the first
+
+
 def test_mixed_shapes_fail_the_batch_naming_both_shapes() -> None:
     collate = ImageCollator()
     with pytest.raises(ValueError, match=r"\(8, 10, 3\).*\(9, 10, 3\)$"):

@@ -17,6 +17,7 @@ code").
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Sequence
@@ -33,12 +34,13 @@ _NUMERIC: Final = frozenset("biuf")
 
 
 class _Pool:
-    """Free buffers by size, at most ``limit`` of them; safe from any thread."""
+    """The ``limit`` buffers given back last, to be taken again by a batch of their size;
+    safe from any thread. The oldest goes first: batches that change size (padded to their
+    largest image) reuse the sizes they now have, not the first ones."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
-        self._count = 0
+        self._free: collections.deque[np.ndarray[Any, Any]] = collections.deque()
         self._lock = threading.Lock()
         self.reused = 0
 
@@ -47,18 +49,21 @@ class _Pool:
 
     def take(self, nbytes: int) -> np.ndarray[Any, Any]:
         with self._lock:
-            free = self._free.get(nbytes)
-            if free:
-                self._count -= 1
-                self.reused += 1
-                return free.pop()
+            free = self._free
+            for at in range(len(free) - 1, -1, -1):  # the newest first
+                if free[at].nbytes == nbytes:
+                    memory: np.ndarray[Any, Any] = free[at]
+                    del free[at]
+                    self.reused += 1
+                    return memory
         return np.empty(nbytes, dtype=np.uint8)
 
     def give_back(self, memory: np.ndarray[Any, Any]) -> None:
         with self._lock:
-            if self._count < self.limit:
-                self._free.setdefault(memory.nbytes, []).append(memory)
-                self._count += 1
+            if self.limit:
+                self._free.append(memory)
+                if len(self._free) > self.limit:
+                    self._free.popleft()
 
 
 class _Holder:
