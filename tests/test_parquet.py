@@ -346,6 +346,58 @@ def test_a_row_group_within_max_bytes_is_made_into_rows_a_step_at_a_time(
     assert peak < 16 << 20
 
 
+FOOTERS = """
+import sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+from asyncloader import DataLoader, FileDataset, ParquetShards
+
+folder = sys.argv[1]
+texts = [f"v{i % 7}" * (i % 5) for i in range(300)]
+table = pa.table({"a": list(range(300)), "s": texts, "l": [[i, i + 1] for i in range(300)]})
+sink = pa.BufferOutputStream()
+pq.write_table(table, sink, row_group_size=100, compression="snappy")
+base = bytes(sink.getvalue())
+start = len(base) - 8 - int.from_bytes(base[-8:-4], "little")
+names = []
+for at in range(start, len(base) - 8):
+    for value in (61, 255):
+        changed = bytearray(base)
+        changed[at] = value
+        names.append(f"{at}-{value}.parquet")
+        with open(f"{folder}/{names[-1]}", "wb") as file:
+            file.write(changed)
+dataset = ParquetShards(FileDataset(names, root=folder), max_bytes=1 << 20)
+outcomes = []
+with DataLoader(dataset, batch_size=512, collate_fn=list) as loader:
+    batches = iter(loader)
+    while True:
+        try:
+            outcomes.append(len(next(batches)))
+        except StopIteration:
+            break
+        except OSError:
+            outcomes.append("error")
+read = sum(n for n in outcomes if n != "error")
+print(len(names), "files", outcomes.count("error") > 0, read > 0)
+"""
+
+
+def test_no_footer_one_byte_off_ends_the_process(tmp_path: Path) -> None:
+    # Every byte of a footer set to 61, then to 255, each a shard. pyarrow's accessors of a
+    # column chunk let a C++ exception out of one of them ("Definition level histogram size
+    # mismatch"), which aborted the process (SIGABRT): the checks before a row group is read
+    # now read the footer themselves, and pyarrow's reader refuses such a file as any other.
+    child = subprocess.run(
+        [sys.executable, "-c", FOOTERS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split()[1:] == ["files", "True", "True"], child.stdout
+
+
 EXITS = """
 import sys
 from asyncloader import DataLoader, FileDataset, ParquetShards

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from ._http import _check_max_bytes
+from ._parquet_footer import Group, parse_groups, read_footer
 from ._parquet_sizes import (
     ROWS_A_STEP,
     least_decoded,
@@ -79,11 +80,17 @@ class _Opened:
         self.lock = threading.Lock()
         self.raw: Any = None
         self.file: Any = None
+        self.groups: list[Group] = []
         self._steps: Any = None
         """The row group being read: its batches of decoded rows, a step at a time."""
         self._decoded = 0
 
-    def open(self, source: Any, index: int, loop: asyncio.AbstractEventLoop) -> Any:
+    def open(
+        self, source: Any, index: int, shard: str, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Any, list[Group]]:
+        """Open the file: its pyarrow metadata, and its row groups as the checks read them
+        (:mod:`._parquet_footer`), from one read of its footer."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         with self.lock:
@@ -92,8 +99,21 @@ class _Opened:
                     raise ShardError("the interpreter is exiting")
                 _opened.add(self)
             self.raw = source.open_file(index, loop)
-            self.file = pq.ParquetFile(self.raw)  # it does not close a file it was given
-            return self.file.metadata
+            try:
+                footer = read_footer(self.raw)
+            except ValueError as error:
+                raise ShardError(f"shard {shard}: {error}") from None
+            meta = pq.read_metadata(pa.BufferReader(footer))
+            try:
+                groups = parse_groups(footer[:-8], meta.num_columns)
+            except ValueError as error:
+                raise ShardError(f"shard {shard}: {error} (a corrupt footer)") from None
+            if len(groups) != meta.num_row_groups:
+                raise ShardError(f"shard {shard}: its footer's row groups do not add up")
+            # It does not close a file it was given, and reads the footer no more.
+            self.file = pq.ParquetFile(self.raw, metadata=meta)
+            self.groups = groups
+            return meta, groups
 
     def _check_open(self) -> None:
         if self.file is None:  # closed as the interpreter exits
@@ -106,7 +126,9 @@ class _Opened:
             self._check_open()
             rows = ROWS_A_STEP
             if limit is not None:
-                rows = rows_a_step(self.file.metadata, self.raw, group, shard, columns, limit)
+                where = f"shard {shard}: row group {group}"
+                info = self.groups[group]
+                rows = rows_a_step(self.file.metadata, self.raw, info, where, columns, limit)
             self._steps = self.file.iter_batches(rows, row_groups=[group], columns=columns)
             self._decoded = 0
 
@@ -217,15 +239,17 @@ class ParquetShards(ShardStream):
         async def produce(shard: Shard) -> None:
             opened = _Opened()
             try:
-                meta = await blocking(opened.open, source, index, asyncio.get_running_loop())
+                loop = asyncio.get_running_loop()
+                meta, groups = await blocking(opened.open, source, index, shard.name, loop)
                 if (missing := missing_column(meta, columns)) is not None:
                     named = ", ".join(repr(name) for name in meta.schema.names)
                     raise ShardError(
                         f"shard {shard.name}: no column {missing!r} (its columns: {named})"
                     )
                 first = 0
-                for group in range(meta.num_row_groups):
-                    info = meta.row_group(group)
+                # Each row group as the footer's own reading gives it: pyarrow's accessors of
+                # a column chunk abort the process on some corrupt footers.
+                for group, info in enumerate(groups):
                     if info.num_rows < 0:  # a corrupt footer: it would skip other rows
                         raise ShardError(
                             f"shard {shard.name}: row group {group} has {info.num_rows} rows "
@@ -234,7 +258,7 @@ class ParquetShards(ShardStream):
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
-                    if limit is not None and (size := size_read(info, columns)) > limit:
+                    if limit is not None and (size := size_read(meta, info, columns)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} is {size} bytes, over "
                             f"max_bytes={limit}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ._dictionary_page import longest_value
+from ._parquet_footer import Group
 from ._tar import ShardError
 
 ROWS_A_STEP: Final = 1024
@@ -29,17 +30,17 @@ _NARROW: Final = {"INT_8": 1, "UINT_8": 1, "INT_16": 2, "UINT_16": 2}
 """The integers stored as 32 bits that decode to fewer."""
 
 
-def _read(group: Any, columns: list[str] | None) -> list[int]:
-    """The numbers of row group ``group``'s columns that reading ``columns`` reads: a name
-    selects its column, and every field nested in it."""
-    numbers = range(group.num_columns)
+def _read(meta: Any, columns: list[str] | None) -> list[int]:
+    """The numbers of the file's columns (``meta``: its pyarrow metadata, for its schema)
+    that reading ``columns`` reads: a name selects its column, and every field nested in it."""
+    numbers = range(meta.num_columns)
     if columns is None:
         return list(numbers)
     return [
         number
         for number in numbers
         if any(
-            (path := group.column(number).path_in_schema) == name or path.startswith(name + ".")
+            (path := meta.schema.column(number).path) == name or path.startswith(name + ".")
             for name in columns
         )
     ]
@@ -55,15 +56,15 @@ def missing_column(meta: Any, columns: list[str] | None) -> str | None:
     return None
 
 
-def size_read(group: Any, columns: list[str] | None) -> int:
+def size_read(meta: Any, group: Group, columns: list[str] | None) -> int:
     """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
     ``columns`` reads."""
     if columns is None:
-        return int(group.total_byte_size)
-    return sum(group.column(number).total_uncompressed_size for number in _read(group, columns))
+        return group.total_byte_size
+    return sum(group.columns[number].total_uncompressed_size for number in _read(meta, columns))
 
 
-def least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
+def least_decoded(meta: Any, group: Group, columns: list[str] | None) -> int:
     """The fewest bytes the columns read of ``group`` decode to, from each one's count of
     values: runs of repeated values, and lists of them, are encoded in a few bytes.
 
@@ -71,9 +72,9 @@ def least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
     too; one nested in lists, to at least a byte each (an empty list is counted as a
     value, and has none)."""
     size = 0
-    for number in _read(group, columns):
+    for number in _read(meta, columns):
         column = meta.schema.column(number)
-        count = max(group.column(number).num_values, 0)
+        count = max(group.columns[number].num_values, 0)
         if column.max_repetition_level:
             size += count
         elif column.physical_type == "BOOLEAN":
@@ -85,18 +86,22 @@ def least_decoded(meta: Any, group: Any, columns: list[str] | None) -> int:
 
 
 def rows_a_step(
-    meta: Any, raw: Any, group: int, shard: str, columns: list[str] | None, limit: int
+    meta: Any,
+    raw: Any,
+    group: Group,
+    where: str,
+    columns: list[str] | None,
+    limit: int,
 ) -> int:
-    """Rows of row group ``group`` (of the file ``raw`` whose footer is ``meta``) that
-    decode to at most ``limit``, as far as the dictionaries of
-    its string and binary columns tell: a row of such a column is a copy of any of its
-    dictionary's values (each dictionary page read once, where its footer's size does not
-    bound it already). A column in lists is not bounded so: a row may hold any number
-    of its values."""
-    info = meta.row_group(group)
+    """Rows of row group ``group`` (of the file ``raw`` whose pyarrow metadata is ``meta``;
+    ``where`` names it in errors) that decode to at most ``limit``, as far as the
+    dictionaries of its string and binary columns tell: a row of such a column is a copy of
+    any of its dictionary's values (each dictionary page read once, where its footer's size
+    does not bound it already). A column in lists is not bounded so: a row may hold any
+    number of its values."""
     longest = 0
-    for number in _read(info, columns):
-        chunk, column = info.column(number), meta.schema.column(number)
+    for number in _read(meta, columns):
+        chunk, column = group.columns[number], meta.schema.column(number)
         if (
             column.physical_type != "BYTE_ARRAY"
             or column.max_repetition_level
@@ -105,6 +110,7 @@ def rows_a_step(
         ):
             continue
         start = chunk.dictionary_page_offset
+        assert start is not None
         span = chunk.data_page_offset - start
         try:
             if not 0 < span <= limit:
@@ -115,9 +121,7 @@ def rows_a_step(
                 page += part
             longest += longest_value(page, chunk.compression, limit)
         except ValueError as error:
-            raise ShardError(
-                f"shard {shard}: row group {group}: column {column.path!r}: {error}"
-            ) from None
+            raise ShardError(f"{where}: column {column.path!r}: {error}") from None
     return max(1, min(ROWS_A_STEP, limit // max(longest, 1)))
 
 
