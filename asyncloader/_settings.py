@@ -6,9 +6,12 @@ message that points at the argument, never later in the middle of an epoch.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
+
+from ._transform import Compose
 
 T = TypeVar("T")
 
@@ -38,9 +41,29 @@ def check_bool(name: str, value: object) -> bool:
 
 
 def check_callable(name: str, value: object) -> None:
-    """Refuse a ``value`` that is neither callable nor ``None``, naming ``name``."""
+    """Refuse a ``value`` that is neither callable nor ``None``, or that is an async function
+    (or a :class:`~asyncloader.Compose` with one): it runs on the CPU threads, which do not
+    await, so each call would give a coroutine that nothing awaits. Names ``name``."""
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
+    if isinstance(value, Compose):
+        for position, step in enumerate(value.transforms):
+            check_callable(f"{name} (its step {position})", step)
+    elif _is_async(value):
+        raise TypeError(
+            f"{name} is an async function ({value!r}): it runs on the CPU threads, which do "
+            "not await; make it a plain function (awaiting belongs in an async dataset's "
+            "__getitem__)"
+        )
+
+
+def _is_async(value: object) -> bool:
+    """Whether calling ``value`` gives a coroutine: an async function, or an object whose
+    own ``__call__`` is one."""
+    if inspect.iscoroutinefunction(value):
+        return True
+    call = inspect.getattr_static(type(value), "__call__", None)
+    return not inspect.isfunction(value) and inspect.iscoroutinefunction(call)
 
 
 def check_timeout(name: str, value: object) -> float | None:

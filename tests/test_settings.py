@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from asyncloader import DataLoader, RandomSampler
+from asyncloader import Compose, DataLoader, RandomSampler
 
 from .datasets import SyncData
 
@@ -53,6 +53,38 @@ def test_any_invalid_count_fails_at_construction(name: str, value: object) -> No
     settings: dict[str, Any] = {name: value}
     with pytest.raises((ValueError, TypeError), match=name):
         DataLoader(SyncData(4), **settings)
+
+
+async def _doubled(index: int, item: int) -> int:
+    return 2 * item
+
+
+async def _listed(items: list[int]) -> list[int]:
+    return items
+
+
+class _AsyncCall:
+    async def __call__(self, index: int, item: int) -> int:
+        return item
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"transform": _doubled}, "transform"),
+        ({"transform": _AsyncCall()}, "transform"),
+        ({"transform": Compose([lambda i, x: x, _doubled])}, r"transform \(its step 1\)"),
+        ({"collate_fn": _listed}, "collate_fn"),
+    ],
+)
+def test_an_async_transform_or_collate_fn_fails_at_construction(
+    settings: dict[str, Any], named: str
+) -> None:
+    # They run on the CPU threads, which do not await: an async transform failed each batch
+    # as "cannot collate items of type coroutine", and an async collate_fn gave coroutines
+    # as batches, never awaited.
+    with pytest.raises(TypeError, match=f"{named} is an async function"):
+        DataLoader(SyncData(8), batch_size=4, **settings)
 
 
 def test_valid_settings_are_kept() -> None:
