@@ -79,6 +79,7 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
 
         return torch.stack(list(items))
     if isinstance(first, Mapping):
+        _same_keys(items)
         return {key: default_collate([_field(item, key) for item in items]) for key in first}
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
         return type(first)(*default_collate_fields(items, len(first)))
@@ -104,6 +105,25 @@ def _sequences(items: Sequence[Any]) -> Sequence[Any]:
     return items
 
 
+def _same_keys(items: Sequence[Any]) -> None:
+    """Refuse dicts whose keys are not the first one's: a key missing from one would fail
+    as a bare ``KeyError``, and one the first lacks would be dropped with no word."""
+    keys = items[0].keys()
+    for position, item in enumerate(items):
+        if isinstance(item, Mapping) and item.keys() != keys:
+            missing = [key for key in keys if key not in item]
+            extra = [key for key in item if key not in keys]
+            said = "; ".join(
+                f"{what} {_shown(found)}"
+                for what, found in (("lacks", missing), ("adds", extra))
+                if found
+            )
+            raise TypeError(
+                f"default_collate: item {position} of the batch has other keys than the first: "
+                f"it {said}"
+            )
+
+
 def _field(item: object, key: object) -> Any:
     if not isinstance(item, Mapping):
         raise TypeError(f"default_collate: a batch mixes dicts and {type(item).__name__}")
@@ -117,11 +137,16 @@ def _shown(value: object) -> str:
 
 def default_collate_fields(items: Sequence[Any], width: int) -> list[Any]:
     """Collate sequences of ``width`` fields position by position."""
-    for item in items:
-        if not isinstance(item, tuple | list) or len(item) != width:
+    for position, item in enumerate(items):
+        if not isinstance(item, tuple | list):
             raise TypeError(
                 f"default_collate: each item must be a sequence of {width} fields like the "
                 f"first one, got {type(item).__name__}"
+            )
+        if len(item) != width:
+            raise TypeError(
+                f"default_collate: each item must be a sequence of {width} fields like the "
+                f"first one; item {position} of the batch has {len(item)}"
             )
     return [default_collate([item[position] for item in items]) for position in range(width)]
 

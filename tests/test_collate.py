@@ -64,8 +64,16 @@ def test_bad_batches_raise_clearly() -> None:
         default_collate([object()])
     with pytest.raises(TypeError, match="mixes dicts"):
         default_collate([{"a": 1}, 2])
-    with pytest.raises(TypeError, match="sequence of 2 fields"):
+    with pytest.raises(
+        TypeError, match="sequence of 2 fields like the first one; item 1 of the batch has 1"
+    ):
         default_collate([(1, 2), (1,)])
+    # Keys that differ: one missing was a bare KeyError, one the first lacks dropped silently.
+    with pytest.raises(TypeError, match=r"item 1 of the batch has other keys .*lacks \['b'\]"):
+        default_collate([{"a": 1, "b": 2}, {"a": 3}])
+    with pytest.raises(TypeError, match=r"item 2 of the batch has other keys .*adds \['b'\]"):
+        default_collate([{"a": 1}, {"a": 2}, {"a": 3, "b": 4}])
+    assert default_collate([{"a": 1, "b": 2}, {"b": 3, "a": 4}])["b"].tolist() == [2, 3]
     assert default_collate([]) == []
 
 
