@@ -38,7 +38,8 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         else a list), or a list for ``str`` and bytes-like items.
 
     Raises:
-        TypeError: The items have no collation rule, or differ in type or structure.
+        TypeError: The items have no collation rule, or differ in type or structure (dicts
+            of other keys than the first item's, sequences of another length).
         ValueError: Arrays of different shapes.
     """
     if len(items) == 0:  # `not items` is ambiguous for an array of items
