@@ -24,6 +24,7 @@ from ._parquet_sizes import (
     least_decoded,
     made,
     missing_column,
+    read_columns,
     rows_a_step,
     size_read,
 )
@@ -80,7 +81,6 @@ class _Opened:
         self.lock = threading.Lock()
         self.raw: Any = None
         self.file: Any = None
-        self.groups: list[Group] = []
         self._steps: Any = None
         """The row group being read: its batches of decoded rows, a step at a time."""
         self._decoded = 0
@@ -112,23 +112,29 @@ class _Opened:
                 raise ShardError(f"shard {shard}: its footer's row groups do not add up")
             # It does not close a file it was given, and reads the footer no more.
             self.file = pq.ParquetFile(self.raw, metadata=meta)
-            self.groups = groups
             return meta, groups
 
     def _check_open(self) -> None:
         if self.file is None:  # closed as the interpreter exits
             raise ShardError("the interpreter is exiting")
 
-    def begin(self, group: int, shard: str, columns: list[str] | None, limit: int | None) -> None:
-        """Start reading row group ``group``: :meth:`step` gives its rows, as many at a time
-        as keep a step's decoding within ``limit``."""
+    def begin(
+        self,
+        group: int,
+        info: Group,
+        where: str,
+        columns: list[str] | None,
+        numbers: list[int] | None,
+        limit: int | None,
+    ) -> None:
+        """Start reading row group ``group`` (``info``: the footer's of it, ``where``: its
+        name in errors; ``numbers``: the numbers of ``columns``): :meth:`step` gives its rows,
+        as many at a time as keep a step's decoding within ``limit``."""
         with self.lock:
             self._check_open()
             rows = ROWS_A_STEP
             if limit is not None:
-                where = f"shard {shard}: row group {group}"
-                info = self.groups[group]
-                rows = rows_a_step(self.file.metadata, self.raw, info, where, columns, limit)
+                rows = rows_a_step(self.file.metadata, self.raw, info, where, numbers, limit)
             self._steps = self.file.iter_batches(rows, row_groups=[group], columns=columns)
             self._decoded = 0
 
@@ -246,7 +252,7 @@ class ParquetShards(ShardStream):
                     raise ShardError(
                         f"shard {shard.name}: no column {missing!r} (its columns: {named})"
                     )
-                first = 0
+                numbers, first = read_columns(meta, columns), 0
                 # Each row group as the footer's own reading gives it: pyarrow's accessors of
                 # a column chunk abort the process on some corrupt footers.
                 for group, info in enumerate(groups):
@@ -258,17 +264,18 @@ class ParquetShards(ShardStream):
                     if shard.skip_ahead(info.num_rows):  # taken whole before a resume
                         first += info.num_rows
                         continue
-                    if limit is not None and (size := size_read(meta, info, columns)) > limit:
+                    if limit is not None and (size := size_read(info, numbers)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} is {size} bytes, over "
                             f"max_bytes={limit}"
                         )
-                    if limit is not None and (least := least_decoded(meta, info, columns)) > limit:
+                    if limit is not None and (least := least_decoded(meta, info, numbers)) > limit:
                         raise ShardError(
                             f"shard {shard.name}: row group {group} decodes to {least} bytes "
                             f"at least ({least >> 20} MiB), over max_bytes={limit}"
                         )
-                    await blocking(opened.begin, group, shard.name, columns, limit)
+                    where = f"shard {shard.name}: row group {group}"
+                    await blocking(opened.begin, group, info, where, columns, numbers, limit)
                     place = first
                     while rows := await blocking(opened.step, group, shard.name, place, limit):
                         shard.put_all(rows)

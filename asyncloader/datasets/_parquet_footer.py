@@ -104,18 +104,23 @@ def read_footer(raw: Any) -> bytes:
     if size < 12:
         raise ValueError(f"not a Parquet file ({size} bytes)")
     # One read for most footers (as pyarrow reads them): the end of the file, then the rest.
-    end = _read_at(raw, size - min(size, _FIRST_READ), min(size, _FIRST_READ))
+    end = read_at(raw, size - min(size, _FIRST_READ), min(size, _FIRST_READ))
     length = int.from_bytes(end[-8:-4], "little")
     if end[-4:] != MAGIC:
         raise ValueError("not a Parquet file (no magic at its end, or an encrypted footer)")
     if length > size - 12:
         raise ValueError(f"a footer of {length} bytes in a file of {size}")
     if length + 8 > len(end):
-        end = _read_at(raw, size - 8 - length, length + 8 - len(end)) + end
+        end = read_at(raw, size - 8 - length, length + 8 - len(end)) + end
     return end[-(length + 8) :]
 
 
-def _read_at(raw: Any, start: int, length: int) -> bytes:
+def read_at(raw: Any, start: int, length: int) -> bytes:
+    """``length`` bytes of ``raw`` from ``start``.
+
+    Raises:
+        ValueError: The file ended first.
+    """
     raw.seek(start)
     data = b""  # a read may give less than it was asked (a shorter range)
     while len(data) < length and (part := raw.read(length - len(data))):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ._dictionary_page import longest_value
-from ._parquet_footer import Group
+from ._parquet_footer import Group, read_at
 from ._tar import ShardError
 
 ROWS_A_STEP: Final = 1024
@@ -30,20 +30,18 @@ _NARROW: Final = {"INT_8": 1, "UINT_8": 1, "INT_16": 2, "UINT_16": 2}
 """The integers stored as 32 bits that decode to fewer."""
 
 
-def _read(meta: Any, columns: list[str] | None) -> list[int]:
+def _names(path: str, name: str) -> bool:
+    """Whether ``name`` selects the column at ``path``: it, or a field nested in it."""
+    return path == name or path.startswith(name + ".")
+
+
+def read_columns(meta: Any, columns: list[str] | None) -> list[int] | None:
     """The numbers of the file's columns (``meta``: its pyarrow metadata, for its schema)
-    that reading ``columns`` reads: a name selects its column, and every field nested in it."""
-    numbers = range(meta.num_columns)
+    that reading ``columns`` reads (``None``: all of them)."""
     if columns is None:
-        return list(numbers)
-    return [
-        number
-        for number in numbers
-        if any(
-            (path := meta.schema.column(number).path) == name or path.startswith(name + ".")
-            for name in columns
-        )
-    ]
+        return None
+    paths = [meta.schema.column(number).path for number in range(meta.num_columns)]
+    return [n for n, path in enumerate(paths) if any(_names(path, name) for name in columns)]
 
 
 def missing_column(meta: Any, columns: list[str] | None) -> str | None:
@@ -51,20 +49,20 @@ def missing_column(meta: Any, columns: list[str] | None) -> str | None:
     (pyarrow passes over such a name: a misspelt one would give rows without it)."""
     paths = [meta.schema.column(number).path for number in range(meta.num_columns)]
     for name in columns or ():
-        if not any(path == name or path.startswith(name + ".") for path in paths):
+        if not any(_names(path, name) for path in paths):
             return name
     return None
 
 
-def size_read(meta: Any, group: Group, columns: list[str] | None) -> int:
+def size_read(group: Group, numbers: list[int] | None) -> int:
     """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
-    ``columns`` reads."""
-    if columns is None:
+    columns ``numbers`` (:func:`read_columns`) reads."""
+    if numbers is None:
         return group.total_byte_size
-    return sum(group.columns[number].total_uncompressed_size for number in _read(meta, columns))
+    return sum(group.columns[number].total_uncompressed_size for number in numbers)
 
 
-def least_decoded(meta: Any, group: Group, columns: list[str] | None) -> int:
+def least_decoded(meta: Any, group: Group, numbers: list[int] | None) -> int:
     """The fewest bytes the columns read of ``group`` decode to, from each one's count of
     values: runs of repeated values, and lists of them, are encoded in a few bytes.
 
@@ -72,7 +70,7 @@ def least_decoded(meta: Any, group: Group, columns: list[str] | None) -> int:
     too; one nested in lists, to at least a byte each (an empty list is counted as a
     value, and has none)."""
     size = 0
-    for number in _read(meta, columns):
+    for number in range(meta.num_columns) if numbers is None else numbers:
         column = meta.schema.column(number)
         count = max(group.columns[number].num_values, 0)
         if column.max_repetition_level:
@@ -90,7 +88,7 @@ def rows_a_step(
     raw: Any,
     group: Group,
     where: str,
-    columns: list[str] | None,
+    numbers: list[int] | None,
     limit: int,
 ) -> int:
     """Rows of row group ``group`` (of the file ``raw`` whose pyarrow metadata is ``meta``;
@@ -100,7 +98,7 @@ def rows_a_step(
     does not bound it already). A column in lists is not bounded so: a row may hold any
     number of its values."""
     longest = 0
-    for number in _read(meta, columns):
+    for number in range(meta.num_columns) if numbers is None else numbers:
         chunk, column = group.columns[number], meta.schema.column(number)
         if (
             column.physical_type != "BYTE_ARRAY"
@@ -115,11 +113,7 @@ def rows_a_step(
         try:
             if not 0 < span <= limit:
                 raise ValueError(f"a dictionary page of {span} bytes")
-            raw.seek(start)
-            page = b""  # a read may give less than it was asked (a shorter range)
-            while len(page) < span and (part := raw.read(span - len(page))):
-                page += part
-            longest += longest_value(page, chunk.compression, limit)
+            longest += longest_value(read_at(raw, start, span), chunk.compression, limit)
         except ValueError as error:
             raise ShardError(f"{where}: column {column.path!r}: {error}") from None
     return max(1, min(ROWS_A_STEP, limit // max(longest, 1)))
