@@ -123,6 +123,16 @@ def test_devices_are_refused_and_kernel_files_are_read_not_mapped_empty() -> Non
         assert status.startswith(b"Name:"), status[:40]
 
 
+def printed_by(script: str) -> list[str]:
+    """The lines ``script`` prints, run in a child with a hard time-out (what it reads could
+    block for ever); it must exit cleanly."""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
 def test_a_fifo_under_root_fails_its_item_instead_of_blocking(tmp_path: Path) -> None:
     """No writer ever opens the FIFO: a plain open() blocks forever, so this runs in a child."""
     os.mkfifo(tmp_path / "pipe")
@@ -141,12 +151,8 @@ def test_a_fifo_under_root_fails_its_item_instead_of_blocking(tmp_path: Path) ->
             print("next:", bytes(next(it)[0]))
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert len(lines) == 6, result.stdout
+    lines = printed_by(script)
+    assert len(lines) == 6, lines
     assert all("a FIFO, not a regular file" in line for line in lines[::2]), lines
     assert lines[1::2] == ["next: b'ok'"] * 3
 
