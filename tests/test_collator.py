@@ -226,7 +226,7 @@ def test_normalizing_while_collating_through_the_loader() -> None:
 def test_normalizing_settings_and_items_are_checked() -> None:
     with pytest.raises(ValueError, match="both mean and std"):
         ImageCollator(mean=MEAN)
-    with pytest.raises(ValueError, match="ImageCollator: std must not be zero"):
+    with pytest.raises(ValueError, match="ImageCollator: std must be finite and not zero"):
         ImageCollator(mean=MEAN, std=[0.2, 0.0, 0.2])
     with pytest.raises(ValueError, match=r"ImageCollator: mean .* equal-length"):
         ImageCollator(mean=MEAN, std=[0.2, 0.2])

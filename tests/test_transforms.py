@@ -305,3 +305,44 @@ def test_an_empty_image_fails_resizing_steps_saying_so() -> None:
         for step in (Resize(8), RandomResizedCrop(6)):
             with pytest.raises(ValueError, match="an empty image"):
                 step(0, empty)
+
+
+@pytest.mark.parametrize(
+    ("step", "settings", "named"),
+    [
+        (Pad, {"padding": 2, "fill": 256}, "fill"),
+        (Pad, {"padding": 2, "fill": -1}, "fill"),
+        (Pad, {"padding": 2, "fill": 1.5}, "fill"),
+        (Pad, {"padding": 2, "fill": "x"}, "fill"),
+        (Pad, {"padding": True}, "padding"),
+        (PadTo, {"height": 10, "width": 10, "fill": 300}, "fill"),
+        (RandomResizedCrop, {"size": 4, "ratio": (1.0, float("inf"))}, "ratio"),
+        (RandomResizedCrop, {"size": 4, "scale": (0.5, float("inf"))}, "scale"),
+        (RandomResizedCrop, {"size": 4, "scale": "ab"}, "scale"),
+        (RandomResizedCrop, {"size": 4, "ratio": (1.0, 2.0, 3.0)}, "ratio"),
+        (RandomResizedCrop, {"size": 4, "salt": 1.5}, "salt"),
+        (RandomCrop, {"size": 4, "salt": "x"}, "salt"),
+        (RandomHorizontalFlip, {"salt": None}, "salt"),
+        (RandomHorizontalFlip, {"p": "0.5"}, "p"),
+        (Normalize, {"mean": [float("nan")] * 3, "std": [1.0] * 3}, "mean"),
+        (Normalize, {"mean": [0.0] * 3, "std": [float("inf")] * 3}, "std"),
+        (ImageCollator, {"mean": [0.5] * 3, "std": [float("nan")] * 3}, "std"),
+        (ImageCollator, {"buffers": True}, "buffers"),
+    ],
+)
+def test_a_step_refuses_a_setting_that_would_fail_or_spoil_every_item(
+    step: Any, settings: dict[str, Any], named: str
+) -> None:
+    # Each was accepted, and then every item failed (a fill out of uint8's range, an infinite
+    # ratio, a salt that seeds nothing), or came out NaN or zero (a NaN mean, an infinite
+    # std), or was taken as another value (a fill of 1.5 as 1, padding=True as 1).
+    with pytest.raises(ValueError, match=rf"{step.__name__}: {named}\b"):
+        step(**settings)
+
+
+def test_a_huge_finite_ratio_falls_back_to_a_central_crop() -> None:
+    # A crop's area times a ratio near float's largest overflowed to inf (OverflowError),
+    # and the fallback's crop of such a ratio was 0 pixels high (an empty image).
+    # Now every draw is passed over and the fallback is the image's widest 1-pixel strip.
+    box = resized_crop_box(generator(0, 1), 30, 40, (0.5, 1.0), (1e307, 1e308))
+    assert box == (14, 0, 1, 40)

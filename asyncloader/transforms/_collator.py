@@ -114,7 +114,7 @@ class ImageCollator:
     ) -> None:
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"ImageCollator: layout must be 'NCHW' or 'NHWC', got {layout!r}")
-        if not isinstance(buffers, int) or buffers < 0:
+        if not isinstance(buffers, int) or isinstance(buffers, bool) or buffers < 0:
             raise ValueError(f"ImageCollator: buffers must be an int >= 0, got {buffers!r}")
         self.layout = layout
         self.dtype = None if dtype is None else np.dtype(dtype)

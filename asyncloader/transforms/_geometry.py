@@ -12,7 +12,18 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._image import Image, check_image, describe, generator, pair, pillow
+from ._image import (
+    Image,
+    check_image,
+    describe,
+    fill_value,
+    generator,
+    is_int,
+    pair,
+    pillow,
+    positive_range,
+    salt_value,
+)
 
 _FILTERS: Final = {"bilinear": 2, "bicubic": 3, "nearest": 0}
 """Pillow's resampling filter numbers (Image.Resampling)."""
@@ -131,7 +142,7 @@ class RandomCrop:
 
     def __init__(self, size: int | tuple[int, int], salt: int = 0x5EED01) -> None:
         self.size = pair("RandomCrop size", size)
-        self.salt = salt
+        self.salt = salt_value("RandomCrop", salt)
 
     def __call__(self, index: int, item: Any) -> Image:
         """Crop ``item`` at a position drawn for this item and epoch."""
@@ -162,8 +173,10 @@ def resized_crop_box(
     for _ in range(10):
         target_area = area * rng.uniform(scale[0], scale[1])
         aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-        w = round(math.sqrt(target_area * aspect))
-        h = round(math.sqrt(target_area / aspect))
+        wide, high = math.sqrt(target_area * aspect), math.sqrt(target_area / aspect)
+        if not (wide < width + 1 and high < height + 1):  # nor can an infinite side be rounded
+            continue
+        w, h = round(wide), round(high)
         if 0 < w <= width and 0 < h <= height:
             top = int(rng.integers(0, height - h + 1))
             left = int(rng.integers(0, width - w + 1))
@@ -172,10 +185,10 @@ def resized_crop_box(
     in_ratio = width / height
     if in_ratio < min(ratio):
         w = width
-        h = round(w / min(ratio))
+        h = max(1, round(w / min(ratio)))  # a ratio far past the image's: a 1-pixel strip
     elif in_ratio > max(ratio):
         h = height
-        w = round(h * max(ratio))
+        w = max(1, round(h * max(ratio)))
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
@@ -204,13 +217,11 @@ class RandomResizedCrop:
         salt: int = 0x5EED02,
     ) -> None:
         self.size = pair("RandomResizedCrop size", size)
-        if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"RandomResizedCrop: bad scale {scale!r} or ratio {ratio!r}")
-        self.scale = scale
-        self.ratio = ratio
+        self.scale = positive_range("RandomResizedCrop", "scale", scale)
+        self.ratio = positive_range("RandomResizedCrop", "ratio", ratio)
         self.interpolation = interpolation
         self.resample = _filter(interpolation)
-        self.salt = salt
+        self.salt = salt_value("RandomResizedCrop", salt)
         pillow("RandomResizedCrop")  # imported now, not inside the first batch
 
     def __call__(self, index: int, item: Any) -> Image:
@@ -237,14 +248,14 @@ class Pad:
 
     def __init__(self, padding: int | tuple[int, ...], fill: int = 0) -> None:
         values = (padding,) if isinstance(padding, int) else tuple(padding)
-        if len(values) not in (1, 2, 4) or any(not isinstance(v, int) or v < 0 for v in values):
+        if len(values) not in (1, 2, 4) or any(not is_int(v) or v < 0 for v in values):
             raise ValueError(f"Pad: padding must be 1, 2 or 4 non-negative ints, got {padding!r}")
         if len(values) == 1:
             values = values * 4
         elif len(values) == 2:
             values = (values[0], values[1], values[0], values[1])
         self.left, self.top, self.right, self.bottom = values
-        self.fill = fill
+        self.fill = fill_value("Pad", fill)
 
     def __call__(self, index: int, item: Any) -> Image:
         """Pad ``item``."""
@@ -263,7 +274,7 @@ class PadTo:
 
     def __init__(self, height: int, width: int, fill: int = 0) -> None:
         self.height, self.width = pair("PadTo size", (height, width))
-        self.fill = fill
+        self.fill = fill_value("PadTo", fill)
 
     def __call__(self, index: int, item: Any) -> Image:
         """Pad ``item``."""
@@ -305,10 +316,11 @@ class RandomHorizontalFlip:
     """Mirror an HWC image left to right with probability ``p`` (drawn per item and epoch)."""
 
     def __init__(self, p: float = 0.5, salt: int = 0x5EED03) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: p must be within [0, 1], got {p!r}")
-        self.p = p
-        self.salt = salt
+        number = int | float | np.integer | np.floating
+        if isinstance(p, bool) or not isinstance(p, number) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p must be a number in [0, 1], got {p!r}")
+        self.p = float(p)
+        self.salt = salt_value("RandomHorizontalFlip", salt)
 
     def __call__(self, index: int, item: Any) -> Image:
         """Flip ``item``, or not."""

@@ -7,6 +7,7 @@ it is given and fails the item with a ``TypeError`` naming the step and what it 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,39 @@ def check_image(
         raise TypeError(f"{step} takes a {layout}{kind}image (3-D array), got {describe(value)}")
     assert isinstance(value, np.ndarray)
     return value
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def fill_value(step: str, fill: object) -> int:
+    """A uint8 image's new pixels' value, checked: an int in ``[0, 255]`` (else each item
+    would fail, or ``1.5`` be taken as 1)."""
+    if not is_int(fill) or not 0 <= fill <= 255:  # type: ignore[operator]
+        raise ValueError(f"{step}: fill must be an int in [0, 255] (uint8), got {fill!r}")
+    assert isinstance(fill, int)
+    return fill
+
+
+def salt_value(step: str, salt: object) -> int:
+    """A random step's salt, checked: an int >= 0 (it seeds NumPy's generator)."""
+    if not is_int(salt) or salt < 0:  # type: ignore[operator]
+        raise ValueError(f"{step}: salt must be an int >= 0, got {salt!r}")
+    assert isinstance(salt, int)
+    return salt
+
+
+def positive_range(step: str, name: str, value: object) -> tuple[float, float]:
+    """A ``(low, high)`` pair of finite numbers, ``0 < low <= high``."""
+    try:
+        low, high = (float(v) for v in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise ValueError(f"{step}: {name} must be a (low, high) pair, got {value!r}") from None
+    if not (0 < low <= high and math.isfinite(high)):
+        raise ValueError(f"{step}: {name} must be finite with 0 < low <= high, got {value!r}")
+    return low, high
 
 
 def pillow(step: str) -> Any:

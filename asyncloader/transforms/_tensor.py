@@ -16,12 +16,18 @@ def channel_stats(
     owner: str, mean: Sequence[float], std: Sequence[float]
 ) -> tuple[Vector, Vector, Vector]:
     """``mean``, ``std`` and ``1 / std`` as float32 vectors, checked; errors name ``owner``."""
-    mean_array = np.asarray(mean, dtype=np.float32)
-    std_array = np.asarray(std, dtype=np.float32)
+    try:
+        mean_array = np.asarray(mean, dtype=np.float32)
+        std_array = np.asarray(std, dtype=np.float32)
+    except (TypeError, ValueError):
+        message = f"{owner}: mean {mean!r} and std {std!r} must be lists of numbers"
+        raise ValueError(message) from None
     if mean_array.shape != std_array.shape or mean_array.ndim != 1:
         raise ValueError(f"{owner}: mean {mean!r} and std {std!r} must be equal-length lists")
-    if np.any(std_array == 0):
-        raise ValueError(f"{owner}: std must not be zero, got {std!r}")
+    if not np.all(np.isfinite(mean_array)):  # every pixel would come out NaN or infinite
+        raise ValueError(f"{owner}: mean must be finite, got {mean!r}")
+    if np.any(std_array == 0) or not np.all(np.isfinite(std_array)):
+        raise ValueError(f"{owner}: std must be finite and not zero, got {std!r}")
     return mean_array, std_array, (1 / std_array).astype(np.float32)
 
 
