@@ -177,7 +177,8 @@ class ThreadedIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._batches) - self._taken
+        # A stream's __len__ may be wrong: never below none left, and none once it ended.
+        return max(0, len(self._batches) - self._taken) if self._open else 0
 
     def __next__(self) -> Any:
         if self._pid != os.getpid():
@@ -260,7 +261,8 @@ class AsyncEpochIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._batches) - self._taken
+        # A stream's __len__ may be wrong: never below none left, and none once it ended.
+        return max(0, len(self._batches) - self._taken) if self._open else 0
 
     async def __anext__(self) -> Any:
         if self._pid != os.getpid():

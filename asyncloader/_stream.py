@@ -173,6 +173,8 @@ class StreamReader:
         skip: Items to read and drop first (a resume of a stream without its own state).
         drop_last: Whether a short last batch is dropped.
         window: Batches that may be pulled ahead of the consumer (how many states to keep).
+        length: The stream's ``__len__``, if it has one: a stream that gives more items is
+            logged, once (``len(loader)`` undercounts its epoch, as torch warns).
     """
 
     def __init__(
@@ -186,8 +188,10 @@ class StreamReader:
         skip: int,
         drop_last: bool,
         window: int,
+        length: int | None = None,
     ) -> None:
         self._dataset = dataset
+        self._length = length
         self._async = kind == "async"
         self._io = io
         self._info = info
@@ -236,6 +240,14 @@ class StreamReader:
             assert read is not None  # else the read raised
             items = read
             self._pulled += 1
+            # Every batch before this one was whole (a short one ends the stream).
+            if self._length is not None and (self._pulled - 1) * count + len(items) > self._length:
+                logger.warning(
+                    "%s.__len__() is %d, but the stream gave more items",
+                    type(self._dataset).__name__,
+                    self._length,
+                )
+                self._length = None  # once an epoch
             if state is not None:
                 self._states[self._pulled] = state
                 self._states.pop(self._pulled - self._window - 2, None)

@@ -252,6 +252,7 @@ class StreamEpochs:
         first = resume.batches if resume is not None else 0
         own_state = resume is not None and resume.state["source"] is not None
         info = self._info(epoch, order.seed)
+        length = len(self.dataset) if hasattr(self.dataset, "__len__") else None
         reader = StreamReader(
             self.dataset,
             self.kind,
@@ -261,7 +262,7 @@ class StreamEpochs:
             skip=0 if own_state else first * settings.batch_size,
             drop_last=settings.drop_last,
             window=settings.window,
+            length=length,
         )
-        length = len(self.dataset) if hasattr(self.dataset, "__len__") else None
         batches = StreamBatches(reader, settings.batch_size, first, length, settings.drop_last)
         return batches, Progress(epoch, first, stream=reader), length or 0

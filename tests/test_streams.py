@@ -124,6 +124,53 @@ def test_len_is_the_streams_batches_when_it_has_a_len_and_a_type_error_otherwise
     unsized_epoch.close()
 
 
+class Lying(Numbers):
+    """A stream whose ``__len__`` is not its count of items."""
+
+    def __init__(self, n: int, said: int) -> None:
+        super().__init__(n)
+        self.said = said
+
+    def __len__(self) -> int:
+        return self.said
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize(("n", "said"), [(25, 10), (5, 0), (10, 25)])
+def test_a_stream_whose_len_is_wrong_gives_all_its_items_and_never_a_negative_len(
+    n: int, said: int, workers: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # len(iterator) went negative once a stream gave more batches than its __len__ said, so
+    # len() raised ValueError mid-epoch (a progress bar's refresh, say); with fewer, it still
+    # said 4 batches were left after the epoch's end.
+    with DataLoader(Lying(n, said), batch_size=4, num_workers=workers) as loader:
+        for _ in range(2):  # the warning once in each epoch
+            iterator: Any = iter(loader)
+            left = []
+            batches = []
+            for batch in iterator:
+                batches.append(batch.tolist())
+                left.append(len(iterator))
+            assert batches == _expected(n, 4)
+            assert min(left) >= 0
+            assert len(iterator) == 0
+    more = [r.getMessage() for r in caplog.records if "__len__" in r.getMessage()]
+    if n > said:  # as torch warns: len(loader) undercounts the epoch
+        assert more == [f"Lying.__len__() is {said}, but the stream gave more items"] * 2
+    else:
+        assert more == []
+
+
+async def test_an_async_for_over_a_stream_whose_len_is_short_never_has_a_negative_len() -> None:
+    async with DataLoader(Lying(25, 10), batch_size=4, num_workers=2) as loader:
+        iterator: Any = loader.__aiter__()
+        left = []
+        async for _ in iterator:
+            left.append(len(iterator))
+        assert left == [2, 1, 0, 0, 0, 0, 0]
+        assert len(iterator) == 0
+
+
 def test_settings_that_order_indices_are_refused_for_a_stream() -> None:
     with pytest.raises(ValueError, match="shuffle") as refused:
         DataLoader(Numbers(3), shuffle=True)
