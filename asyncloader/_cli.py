@@ -148,13 +148,27 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # nan too: a deadline it never reaches
+        raise argparse.ArgumentTypeError(f"must be above 0 (inf: no limit), got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncloader", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     bench_parser = commands.add_parser("bench", help="how fast can I read this source?")
     bench_parser.add_argument("source", help="HTTP URL template, store prefix or folder")
-    bench_parser.add_argument("--seconds", type=float, default=10.0, help="stop after (10)")
-    bench_parser.add_argument("--items", type=int, help="stop after, and HTTP's item count")
+    bench_parser.add_argument("--seconds", type=_seconds, default=10.0, help="stop after (10)")
+    bench_parser.add_argument("--items", type=_count, help="stop after, and HTTP's item count")
     bench_parser.add_argument("--batch-size", type=int, default=64)
     # 16 batches of 4 lanes: 64 requests in flight, the settings guide's choice for throughput.
     bench_parser.add_argument("--num-workers", type=int, default=16)

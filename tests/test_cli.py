@@ -92,6 +92,12 @@ def test_bench_a_folder_with_a_progress_bar(tmp_path: Path, mapped: list[str]) -
         (["/nonexistent/folder"], "is not a folder"),
         (["s3://bench/train/"], "no S3 credentials"),
         (["s3://bench/train/", "--num-workers", "-1", "--anonymous"], None),
+        # Each of these was taken: nan read the whole source, the rest stopped after a batch.
+        (["tests", "--seconds", "nan"], "--seconds"),
+        (["tests", "--seconds", "-5"], "--seconds"),
+        (["tests", "--seconds", "0"], "--seconds"),
+        (["tests", "--items", "0"], "--items"),
+        (["tests", "--items", "-3"], "--items"),
     ],
 )
 def test_bad_sources_exit_with_status_2(args: list[str], message: str | None) -> None:
