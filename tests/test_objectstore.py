@@ -228,3 +228,18 @@ def test_bad_urls_and_options_fail_at_construction() -> None:
         ObjectStoreDataset(MemoryStore(), ["k"], region="x")
     with pytest.raises(ValueError, match="cannot open store"):
         ObjectStoreDataset("s3://bucket", ["k"], not_an_option=1)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, 0, True, "5"])
+def test_a_bad_timeout_fails_at_construction_naming_it(timeout: Any) -> None:
+    # -1, 0 and True were taken (a store whose every request timed out at once); nan, inf and
+    # "5" failed as obstore's or datetime's errors, which named no setting.
+    with pytest.raises((ValueError, TypeError), match="timeout"):
+        ObjectStoreDataset("s3://bucket", ["k"], timeout=timeout, region="us-east-1")
+    with pytest.raises((ValueError, TypeError), match="timeout"):
+        asyncio.run(ObjectStoreDataset.from_prefix("s3://bucket/p", timeout=timeout))
+
+
+def test_a_timeout_past_what_a_timedelta_holds_waits_as_long_as_one_can() -> None:
+    # 1e300 s raised OverflowError from datetime.
+    ObjectStoreDataset("s3://bucket", ["k"], timeout=1e300, region="us-east-1")

@@ -9,6 +9,7 @@ import os
 import re
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from .._settings import check_timeout
 from ._file import FileDataset
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
@@ -19,6 +20,8 @@ from ._streaming import STREAM_CHUNK, Blocking, Sink
 
 if TYPE_CHECKING:
     from obstore import GetOptions
+
+_LONGEST_WAIT_S: Final = 10.0**12
 
 SCHEMES: Final = (
     "s3://",
@@ -60,12 +63,14 @@ def open_store(url: str, retry: Retry, timeout: float | None, options: dict[str,
 
     if not isinstance(url, str) or not url.startswith(SCHEMES):
         raise ValueError(f"store URL {redact_url(str(url))!r} has no supported scheme {SCHEMES}")
+    timeout = check_timeout("timeout", timeout)
     options = dict(options)
     client: dict[str, Any] = {}
     if "allow_http" in options:
         client["allow_http"] = bool(options.pop("allow_http"))
     if timeout is not None:
-        client["timeout"] = datetime.timedelta(seconds=timeout)
+        # Past what a timedelta holds (about 31,700 years), as long as one can wait.
+        client["timeout"] = datetime.timedelta(seconds=min(timeout, _LONGEST_WAIT_S))
     local = url.startswith(("file://", "memory://"))
     try:
         if local:
