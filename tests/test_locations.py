@@ -79,6 +79,10 @@ def test_index_format_specs_and_columns_render_per_item() -> None:
         ("{a}{b}", {"a": [1, 2], "b": [1]}, "different lengths"),
         ("{", {}, "malformed"),
         ("}", {}, "malformed"),
+        # One location for every index: each was taken, and an epoch read one object N times.
+        ("s3://b/train.tar", {}, "one location"),
+        ("s3://b/{split}.tar", {"split": "train"}, "one location"),
+        ("s3://b/x.tar", {"names": ["a", "b"]}, "one location"),
     ],
 )
 def test_bad_templates_are_refused_at_construction(
@@ -107,7 +111,7 @@ def test_locations_kinds_and_lengths() -> None:
     with pytest.raises(TypeError, match="length="):
         Locations(lambda i: "x", "key")
     with pytest.raises(TypeError, match="length="):
-        Locations(Template("{a}", a="scalar"), "key")
+        Locations(Template("{a}/{index}", a="scalar"), "key")
     with pytest.raises(TypeError, match="one string"):
         Locations("abc", "key")
     with pytest.raises(ValueError, match="length=3"):

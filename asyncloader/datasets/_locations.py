@@ -56,8 +56,9 @@ class Template:
 
     Raises:
         ValueError: A malformed pattern, a field without a column, attribute or item access
-            in a field, a conversion (``!r``), a bad format spec, or sequence columns of
-            different lengths.
+            in a field, a conversion (``!r``), a bad format spec, sequence columns of
+            different lengths, or no field that differs between items (neither ``{index}``
+            nor a sequence column: one location for every index).
     """
 
     def __init__(self, pattern: str, /, **columns: object) -> None:
@@ -91,6 +92,12 @@ class Template:
             raise ValueError(f"Template {shown}: columns of different lengths {sorted(lengths)}")
         self.length: int | None = lengths.pop() if lengths else None
         """The number of items the sequence columns define (``None``: scalars only)."""
+        fields = {field for _, field, _ in self._parts if field is not None}
+        if not any(f == "index" or _is_sequence(columns[f]) for f in fields):
+            raise ValueError(
+                f"Template {shown} names one location for every index: it needs {{index}} "
+                "or a column with a value per item"
+            )
         self._check_specs()
 
     def _check_specs(self) -> None:
