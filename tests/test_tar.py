@@ -414,6 +414,19 @@ def test_a_member_over_max_bytes_fails_before_its_data_is_held() -> None:
     assert "'b.jpg' is 100000 bytes, over max_bytes=1000" in str(parser.error)
 
 
+@pytest.mark.parametrize("extension", ["__key__", "__shard__", "__KEY__"])
+def test_a_member_named_as_a_samples_own_key_fails_its_shard(extension: str) -> None:
+    # b.__key__ replaced sample b's key with its bytes, and b.jpg after it made a second
+    # sample b; b.__shard__ replaced the shard's name (webdataset refuses both, as duplicates).
+    data = write([("a.jpg", b"1"), (f"b.{extension}", b"evil"), ("b.jpg", b"2"), ("c.jpg", b"3")])
+    samples, error = parse(data)
+    assert samples == [{"__key__": "a", "__shard__": "s.tar", "jpg": b"1"}]
+    assert isinstance(error, ShardError)
+    assert f"member 'b.{extension}' is named as the sample's own {extension.lower()!r}" in str(
+        error
+    )
+
+
 def test_a_cut_shard_or_one_without_its_end_fails() -> None:
     data = write([("a.jpg", b"1" * 600), ("b.jpg", b"2" * 600)])
     for cut in (700, 1536, 2560):  # in a member's data, after a member, after both

@@ -22,9 +22,10 @@ its data is held, names are only split (never used as paths), members that are n
 files (links, folders, devices) and WebDataset's ``__meta__`` files are passed over (their
 data, where tarfile reads any, never held), and sparse members are refused. A stream that is
 not a tar, has a bad header, ends before tar's end-of-archive block, or has a member that takes
-its sample over the limit, a name with no key or no extension, or an extension twice in one
-sample sets the parser's ``error`` to a :class:`ShardError` naming the shard and the member
-(the samples before it are still handed out). A compressed stream is inflated at most
+its sample over the limit, a name with no key or no extension, an extension twice in one
+sample, or one that is a key the parser gives the sample (``__key__``, ``__shard__``) sets the
+parser's ``error`` to a :class:`ShardError` naming the shard and the member (the samples
+before it are still handed out). A compressed stream is inflated at most
 :data:`INFLATE_STEP` bytes at a time and no further than the end of the archive, and the
 extended headers held at once (long names, pax records, which add up) are bounded as one sample
 is, so a decompression bomb costs no more memory than its largest sample and one step.
@@ -60,6 +61,8 @@ _NAMES: Final = frozenset({b"L", b"x", b"g"})
 _NO_DATA: Final = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
 """Links, devices, folders and FIFOs: tarfile reads no data after them, whatever their size
 field (or a pax ``size``) says, so neither does the parser."""
+_OWN: Final = frozenset({"__key__", "__shard__"})
+"""The keys the parser gives each sample: a member with such an extension would replace one."""
 _FIRST: Final = "(the first header)"
 _SIGNED: Final = struct.Struct("148b8x356b")
 
@@ -402,6 +405,9 @@ class TarParser:
             if parts is None:
                 self._flush_unless(None)
                 raise self._fail(name, "has no key and extension")
+            if parts[1] in _OWN:
+                self._flush_unless(parts)
+                raise self._fail(name, f"is named as the sample's own {parts[1]!r}")
             if limit is not None and size > limit:
                 self._flush_unless(parts)
                 raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
