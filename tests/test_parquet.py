@@ -93,6 +93,26 @@ def test_a_column_that_no_shard_has_fails_each_shard_naming_it(folder: Path) -> 
     ]
 
 
+def test_a_column_named_as_a_rows_place_fails_its_shard(tmp_path: Path) -> None:
+    # The loader's __shard__ and __row__ replaced such columns, silently, even when selected.
+    with_place = pa.table({"id": [1, 2], "__row__": [100, 101], "__shard__": ["x", "y"]})
+    pq.write_table(with_place, tmp_path / "0.parquet")
+    pq.write_table(table(1), tmp_path / "1.parquet")
+    files = FileDataset(["0.parquet", "1.parquet"], root=tmp_path)
+    with DataLoader(ParquetShards(files, interleave=1), batch_size=1, collate_fn=list) as loader:
+        said = every_outcome(loader, len)
+    assert said == [
+        "shard 0.parquet: has a column '__row__', the name of the key the loader gives each "
+        "row (its place); read the others with columns=[...]",
+        *[1] * ROWS,
+    ]
+    selected = ParquetShards(FileDataset(["0.parquet"], root=tmp_path), columns=["id"])
+    with DataLoader(selected, batch_size=2, collate_fn=list) as loader:
+        assert [row["__row__"] for batch in loader for row in batch] == [0, 1]
+    with pytest.raises(ValueError, match="'__shard__' is the key the loader gives each row"):
+        ParquetShards(FileDataset(["0.parquet"], root=tmp_path), columns=["id", "__shard__"])
+
+
 def test_the_order_is_the_same_whatever_num_workers(folder: Path) -> None:
     runs = []
     for workers in (0, 3):

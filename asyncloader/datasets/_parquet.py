@@ -33,6 +33,8 @@ from ._streaming import Blocking
 from ._tar import ShardError
 
 _EXIT_WAIT_S: Final = 10.0
+_OWN: Final = frozenset({"__shard__", "__row__"})
+"""The keys the loader gives each row: a column of such a name would be replaced."""
 """How long the interpreter's exit waits for the reads in progress to return (see
 :func:`_close_at_exit`)."""
 
@@ -159,6 +161,11 @@ class _Opened:
                 raise ShardError(
                     f"shard {shard}: row group {group} decodes to over max_bytes={limit} bytes"
                 )
+            if clash := _OWN.intersection(batch.schema.names):
+                raise ShardError(
+                    f"shard {shard}: has a column {min(clash)!r}, the name of the key the "
+                    "loader gives each row (its place); read the others with columns=[...]"
+                )
             rows: list[dict[str, Any]] = batch.to_pylist()
         for offset, row in enumerate(rows):
             row["__shard__"], row["__row__"] = shard, first + offset
@@ -190,7 +197,8 @@ class ParquetShards(ShardStream):
             ranges: reads of a file, range GETs of an object or a URL, whose server must
             answer ``Range`` requests).
         columns: The columns read (all by default): each name a column, or a field nested
-            in one; a name that a shard does not have fails that shard.
+            in one; a name that a shard does not have fails that shard, and so does reading
+            a column named ``__shard__`` or ``__row__`` (the loader's keys).
         interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
             counts rows).
         max_bytes: The largest row group accepted, of the columns read: its uncompressed
@@ -229,6 +237,8 @@ class ParquetShards(ShardStream):
             raise TypeError(f"columns must be a list of column names, got {columns!r}")
         if columns is not None and not columns:
             raise ValueError("columns must name at least one column (None: all of them)")
+        if own := _OWN.intersection(columns or ()):
+            raise ValueError(f"columns: {min(own)!r} is the key the loader gives each row")
         super().__init__(
             shards,
             interleave=interleave,
