@@ -182,6 +182,8 @@ def read_sampler(sampler: object, length: int, epoch: int) -> Sequence[int]:
 
 def _index(value: Any, what: str, position: int) -> int:
     try:
+        if isinstance(value, bool):  # a mask's, not an index (NumPy's bools have no index)
+            raise TypeError
         return operator.index(value)
     except TypeError:
         raise TypeError(

@@ -173,6 +173,16 @@ def test_a_non_integer_index_from_the_sampler_raises_from_iter() -> None:
         iter(loader)
 
 
+def test_a_mask_given_as_a_sampler_or_batch_is_refused_not_read_as_indices() -> None:
+    # [True, False, True] read items 1, 0, 1 (bool is an int); a NumPy mask was refused.
+    for loader in (
+        DataLoader(SyncData(10), sampler=[True, False, True]),
+        DataLoader(SyncData(10), batch_sampler=[[0, 1], [True, False]]),
+    ):
+        with pytest.raises(TypeError, match=r"True \(bool\) at position 0"):
+            iter(loader)
+
+
 @pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 1), (1, 4)])
 def test_an_out_of_range_index_fails_its_batch(num_workers: int, item_concurrency: int) -> None:
     with DataLoader(
