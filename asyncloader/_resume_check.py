@@ -37,19 +37,42 @@ def _run(loader: DataLoader, epochs: int, mode: str, until: int | None = None) -
         out.append(((epoch, indices, _plain(batch)), loader.state_dict()))
         return until is not None and len(out) >= until
 
+    def failed(epoch: int, error: Exception) -> bool:
+        # A batch that fails is one of the epoch's outcomes: the epoch goes on after it.
+        return record(epoch, [], f"{type(error).__name__}: {error}")
+
     async def consume_async(epoch: int) -> bool:
-        async for indices, batch in loader.aiter_with_indices():
+        batches = loader.aiter_with_indices()
+        while True:
+            try:
+                indices, batch = await batches.__anext__()
+            except StopAsyncIteration:
+                return False
+            except Exception as error:
+                if failed(epoch, error):
+                    return True
+                continue
             if record(epoch, indices, batch):
                 return True
-        return False
+
+    def consume(epoch: int) -> bool:
+        batches = loader.iter_with_indices()
+        while True:
+            try:
+                indices, batch = next(batches)
+            except StopIteration:
+                return False
+            except Exception as error:
+                if failed(epoch, error):
+                    return True
+                continue
+            if record(epoch, indices, batch):
+                return True
 
     out.append((None, loader.state_dict()))  # before the first batch
     for _ in range(epochs):
         epoch = loader.epoch
-        if mode == "async":
-            stopped = asyncio.run(consume_async(epoch))
-        else:
-            stopped = any(record(epoch, i, b) for i, b in loader.iter_with_indices())
+        stopped = asyncio.run(consume_async(epoch)) if mode == "async" else consume(epoch)
         if stopped:
             break
         out.append((None, loader.state_dict()))
@@ -63,7 +86,9 @@ def assert_equal_output_after_checkpoint(
 
     Runs ``make_loader()`` uninterrupted, saving the state after every batch and at every
     epoch's end; then, for each saved state, restores a fresh loader from it (through JSON)
-    and checks that the rest of its output equals the rest of the uninterrupted run.
+    and checks that the rest of its output equals the rest of the uninterrupted run. A batch
+    that fails is an outcome like any other: its error's type and message are compared, and
+    the epoch goes on.
 
     Args:
         make_loader: Builds an identical loader each time.

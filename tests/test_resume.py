@@ -82,6 +82,25 @@ def test_the_checker_catches_a_loader_that_does_not_resume() -> None:
         assert_equal_output_after_checkpoint(lambda: Forgetful(SyncData(6), batch_size=2))
 
 
+def test_the_checker_compares_failed_batches_and_goes_on_past_them() -> None:
+    # It raised the first failed batch's error, so no epoch with a failure could be checked.
+    class Failing(SyncData):
+        def __getitem__(self, index: int) -> Any:
+            if index == 3:
+                raise ValueError("item 3 is bad")
+            return super().__getitem__(index)
+
+    points = assert_equal_output_after_checkpoint(lambda: DataLoader(Failing(8), batch_size=2))
+    assert points == 2 * 4 + 3
+
+    class Forgetful(DataLoader):
+        def load_state_dict(self, state: Any) -> None:
+            pass
+
+    with pytest.raises(AssertionError, match="ValueError: item 3 is bad"):
+        assert_equal_output_after_checkpoint(lambda: Forgetful(Failing(8), batch_size=2))
+
+
 def test_the_state_counts_what_was_received_not_prefetched() -> None:
     data = SyncData(40)
     with DataLoader(data, batch_size=4, num_workers=4, prefetch_depth=2) as loader:

@@ -16,7 +16,7 @@ import tracemalloc
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import webdataset
@@ -494,6 +494,31 @@ def test_every_checkpoint_of_tar_shards_resumes_exactly(folder: Path, mode: str)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "reads again" warning: the walk is restored
         assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) > 20
+
+
+@pytest.mark.parametrize("errors", ["raise", "skip"])
+def test_every_checkpoint_resumes_exactly_around_shards_that_fail(
+    tmp_path: Path, errors: Literal["raise", "skip"]
+) -> None:
+    # One shard cut in the middle of its samples, one that is not a tar: each fails in its
+    # place; a resume from before, at or after those places gives the same outcomes.
+    for shard in range(5):
+        data = shard_bytes(shard)
+        if shard == 2:
+            data = data[: len(data) // 2]
+        elif shard == 3:
+            data = b"not a tar " * 100
+        (tmp_path / f"shard-{shard:02d}.tar").write_bytes(data)
+
+    def make() -> DataLoader:
+        shards = TarShards(
+            FileDataset(names(5), root=tmp_path), interleave=2, shuffle=True, shuffle_buffer=5
+        )
+        return DataLoader(
+            shards, batch_size=3, num_workers=2, seed=7, errors=errors, collate_fn=list
+        )
+
+    assert assert_equal_output_after_checkpoint(make, epochs=2) > 20
 
 
 def test_resume_reads_only_the_open_shards_and_the_buffers(folder: Path) -> None:
