@@ -60,6 +60,9 @@ class BatchFetch:
         self._transforms = context.transforms_items
         self.items: list[Any] = [SKIPPED] * len(indices)
         self.errors: list[tuple[int, BaseException]] = []
+        self._failed_at = len(indices)
+        """The first position that failed (the size: none): the items before it go on, so
+        that the batch's error is its first failing item's whatever the timing."""
         self.stopped = False
         self.taken = 0
         """Positions handed to lanes (the next one to take)."""
@@ -109,6 +112,7 @@ class BatchFetch:
             context.cpu.submit(self._transform, position, item)
         except BaseException as error:  # the pool was shut down
             self.errors.append((position, error))
+            self._failed_at = min(self._failed_at, position)
             self.end()
         return False
 
@@ -135,10 +139,11 @@ class BatchFetch:
             except Exception as over_budget:
                 error = over_budget
         self.errors.append((position, error))
+        self._failed_at = min(self._failed_at, position)
 
     def _transform_here(self, position: int, item: Any) -> None:
         """Transform one item where this runs (the caller ends it); a failure is the batch's."""
-        if self.errors or self.stopped:
+        if self.stopped or self._failed_at < position:
             return
         try:
             self.items[position] = self.context.timed_transform(self.indices[position], item)

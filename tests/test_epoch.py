@@ -392,6 +392,49 @@ def test_a_batch_split_over_threads_fails_by_its_first_failure_or_skips_in_order
         assert got == [[0, 2, 3, 4, 5, 7], list(range(8, 16))]
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_batch_on_lanes_fails_by_its_first_failing_item_whatever_the_timing(kind: str) -> None:
+    # Item 1's transform fails, item 2's fetch fails first: the batch said item 2's error
+    # (item 1's transform was passed over once any item had failed), and which one it said
+    # varied with the timing (3 runs in 30 in one loop of 30 epochs).
+    failed = threading.Event()
+
+    def fetch(index: int) -> int:
+        if index == 1:
+            failed.wait(10)  # until item 2 has failed
+        if index == 2:
+            failed.set()
+            raise ValueError("fetch of item 2")
+        return index
+
+    class Sync:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> int:
+            return fetch(index)
+
+    class Async(Sync):
+        async def __getitem__(self, index: int) -> int:  # type: ignore[override]
+            if index == 1:
+                await asyncio.get_running_loop().run_in_executor(None, failed.wait, 10)
+            return fetch(index)
+
+    def transform(index: int, item: int) -> int:
+        if index == 1:
+            raise KeyError("transform of item 1")
+        return item
+
+    dataset = Sync() if kind == "sync" else Async()
+    with (
+        DataLoader(
+            dataset, batch_size=4, item_concurrency=4, transform=transform, collate_fn=list
+        ) as loader,
+        pytest.raises(KeyError, match="transform of item 1"),
+    ):
+        next(iter(loader))
+
+
 def test_ranks_without_a_seed_read_disjoint_shares() -> None:
     # torch's DistributedSampler seeds 0 by default for the same reason: every rank is a
     # process of its own, and each must draw the same permutation.
