@@ -147,8 +147,8 @@ class DataLoader:
             pin_memory=pin_memory,
             cpu_processes=cpu_processes,
         )
-        check_callable("transform", transform)
-        check_callable("collate_fn", collate_fn)
+        check_callable("transform", transform, ("index", "item"))
+        check_callable("collate_fn", collate_fn, ("items",))
         self._order = Order(
             shuffle=shuffle,
             sampler=sampler,

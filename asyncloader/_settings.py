@@ -40,21 +40,47 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-def check_callable(name: str, value: object) -> None:
-    """Refuse a ``value`` that is neither callable nor ``None``, or that is an async function
-    (or a :class:`~asyncloader.Compose` with one): it runs on the CPU threads, which do not
-    await, so each call would give a coroutine that nothing awaits. Names ``name``."""
+def check_callable(name: str, value: object, arguments: tuple[str, ...]) -> None:
+    """Refuse a ``value`` that is neither callable nor ``None``, that cannot be called with
+    ``arguments`` (their names, for the message), or that is an async function (or a
+    :class:`~asyncloader.Compose` with one): it runs on the CPU threads, which do not await,
+    so each call would give a coroutine that nothing awaits. Names ``name``."""
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
     if isinstance(value, Compose):
         for position, step in enumerate(value.transforms):
-            check_callable(f"{name} (its step {position})", step)
-    elif _is_async(value):
+            check_callable(f"{name} (its step {position})", step, arguments)
+        return
+    if value is None:
+        return
+    if _takes(value, len(arguments)) is False:
+        hint = ""
+        if len(arguments) == 2 and _takes(value, 1):
+            hint = " (a torch-style transform of the item alone? wrap it: lambda i, x: f(x))"
+        raise TypeError(
+            f"{name} must take ({', '.join(arguments)}), as the loader calls it: {value!r} "
+            f"cannot{hint}"
+        )
+    if _is_async(value):
         raise TypeError(
             f"{name} is an async function ({value!r}): it runs on the CPU threads, which do "
             "not await; make it a plain function (awaiting belongs in an async dataset's "
             "__getitem__)"
         )
+
+
+def _takes(value: object, count: int) -> bool | None:
+    """Whether ``value`` can be called with ``count`` positional arguments; ``None`` when its
+    signature cannot be read (some C functions)."""
+    try:
+        signature = inspect.signature(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
 
 
 def _is_async(value: object) -> bool:

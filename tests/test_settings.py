@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, cast
 
 import pytest
 from hypothesis import assume, given
@@ -85,6 +86,38 @@ def test_an_async_transform_or_collate_fn_fails_at_construction(
     # as batches, never awaited.
     with pytest.raises(TypeError, match=f"{named} is an async function"):
         DataLoader(SyncData(8), batch_size=4, **settings)
+
+
+def _of_the_item(item: int) -> int:
+    return item
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"transform": _of_the_item}, r"transform must take \(index, item\)"),
+        ({"transform": lambda x: x}, "torch-style"),
+        ({"transform": abs}, r"transform must take \(index, item\)"),
+        ({"transform": lambda i, x, extra: x}, r"transform must take \(index, item\)"),
+        ({"transform": Compose([lambda i, x: x, cast(Any, _of_the_item)])}, r"\(its step 1\)"),
+        ({"collate_fn": lambda: []}, r"collate_fn must take \(items\)"),
+        ({"collate_fn": lambda a, b: a}, r"collate_fn must take \(items\)"),
+    ],
+)
+def test_a_transform_or_collate_fn_that_cannot_take_its_arguments_fails_at_construction(
+    settings: dict[str, Any], said: str
+) -> None:
+    # Each was taken, and every batch failed ("takes 1 positional argument but 2 were
+    # given"): the common case is a torch transform, which takes the item alone.
+    with pytest.raises(TypeError, match=said):
+        DataLoader(SyncData(8), batch_size=4, **settings)
+
+
+def test_callables_whose_arguments_cannot_be_read_are_taken() -> None:
+    # A C function without a signature (nothing to check), and ones that take more.
+    for transform in (lambda *args: args[-1], lambda i, x, extra=1: x, functools.partial(max)):
+        DataLoader(SyncData(8), batch_size=4, transform=transform)
+    DataLoader(SyncData(8), batch_size=4, collate_fn=lambda items, *more: items)
 
 
 def test_valid_settings_are_kept() -> None:
