@@ -238,6 +238,7 @@ class AsyncEpochIterator:
 
     def __init__(
         self,
+        runtime: Runtime,
         context: EpochContext,
         batches: EpochBatches,
         window: int,
@@ -245,6 +246,9 @@ class AsyncEpochIterator:
         with_indices: bool,
         progress: Progress,
     ) -> None:
+        # Kept so that its threads outlive a loader nobody holds (`async for b in
+        # DataLoader(...)`): a runtime no one refers to is stopped by its finalizer.
+        self._runtime = runtime
         self._progress = progress
         self._recorder = context.recorder
         self._context: EpochContext | None = context

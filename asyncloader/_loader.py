@@ -365,8 +365,10 @@ class DataLoader:
 
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
+        runtime = self._runtime_here()
         epoch = AsyncEpochIterator(
-            self._context(self._runtime_here(), progress.epoch, batches),
+            runtime,
+            self._context(runtime, progress.epoch, batches),
             batches,
             self._settings.window,
             self._settings.timeout,

@@ -191,6 +191,20 @@ def test_a_loader_dropped_while_its_iterator_lives_is_fine() -> None:
     assert len(rest) == 9
 
 
+@pytest.mark.parametrize("dataset", [SyncData, AsyncData])
+@pytest.mark.parametrize("workers", [0, 2])
+async def test_async_for_over_a_loader_not_kept_gives_the_whole_epoch(
+    dataset: type, workers: int
+) -> None:
+    # `async for batch in DataLoader(...)` failed its first batch with "asyncloader-io (or
+    # -cpu) pool is shut down": nothing kept the loader's threads once the loader was gone.
+    got = []
+    async for batch in DataLoader(dataset(40), batch_size=4, num_workers=workers):
+        gc.collect()
+        got.append(batch.tolist())
+    assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+
+
 def test_a_forgotten_loader_stops_its_threads(no_leaked_threads: None) -> None:
     loader = DataLoader(AsyncData(8), batch_size=4, num_workers=2)
     assert len(list(loader)) == 2
