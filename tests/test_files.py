@@ -56,6 +56,17 @@ def test_a_root_that_is_not_a_folder_fails_at_construction(folder: Path) -> None
             FileDataset(["001.bin"], root=root)
 
 
+def test_paths_given_as_path_objects_are_read(folder: Path) -> None:
+    # sorted(folder.glob(...)) gave Path objects, and every item failed ("location of item 0
+    # is a PosixPath, not a str").
+    paths = sorted(folder.glob("00[12].bin"))
+    assert read_all(FileDataset(paths)) == [b"\x01" * 1000, b"\x02" * 2000]
+    relative = [path.relative_to(folder) for path in paths]
+    assert read_all(FileDataset(relative, root=folder)) == [b"\x01" * 1000, b"\x02" * 2000]
+    outside = read_all(FileDataset([Path("..") / folder.name / "001.bin"], root=folder))
+    assert isinstance(outside[0], PermissionError)  # checked as a str path is
+
+
 def test_absolute_paths_without_root(folder: Path) -> None:
     assert read_all(FileDataset([str(folder / "002.bin")])) == [b"\x02" * 2000]
 

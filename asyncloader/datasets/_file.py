@@ -41,7 +41,7 @@ class FileDataset:
     read-only map of it, with ``mmap=True``).
 
     Args:
-        locations: A list of paths, a function of the index, or a
+        locations: A list of paths (``str`` or ``pathlib`` paths), a function of the index, or a
             :class:`~asyncloader.Template` (a value containing ``/``, ``\\``, NUL, or equal to
             ``.``/``..`` is refused when the dataset is built).
         root: The folder that relative locations are read from. When set, an item whose path

@@ -13,6 +13,7 @@ A rendered template whose values make a ``.`` or ``..`` component (in a URL, als
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -305,6 +306,10 @@ class Locations:
             assert self._function is not None
             location = self._function(index)
         key = location[0] if isinstance(location, tuple) else location
+        if not isinstance(key, str) and self.target != "url" and isinstance(key, os.PathLike):
+            path = os.fspath(key)  # a pathlib path: what glob() gives
+            if isinstance(path, str):
+                return (path, *location[1:]) if isinstance(location, tuple) else path
         if not isinstance(key, str):
             # Its value is not shown: a URL object or bytes may hold a password or signature.
             raise TypeError(
