@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,56 +25,56 @@ def _plain(batch: Any) -> Any:
     return batch
 
 
-def _run(loader: DataLoader, epochs: int, mode: str, until: int | None = None) -> list[Any]:
-    """``(epoch, indices, batch)`` for every batch of ``epochs`` epochs, and states after each.
+def _outcomes(batches: Iterator[Any]) -> Iterator[Any]:
+    """Each ``(indices, batch)`` of an epoch, or the exception its ``next()`` raised: a batch
+    that fails is one of the epoch's outcomes, and the epoch goes on after it."""
+    while True:
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
+        except Exception as error:
+            yield error
+
+
+async def _async_outcomes(batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """:func:`_outcomes` of an ``async for`` epoch."""
+    while True:
+        try:
+            yield await anext(batches)
+        except StopAsyncIteration:
+            return
+        except Exception as error:
+            yield error
+
+
+def _run(loader: DataLoader, epochs: int, mode: str) -> list[Any]:
+    """``(epoch, indices, batch)`` for every batch of ``epochs`` epochs, and states after each
+    (a failed batch's is ``(epoch, [], "Type: message")``).
 
     Returns a list of ``(record, state_after)`` pairs; the start and each epoch's end add a pair
     whose record is ``None`` (the state before the first batch, and once an epoch is over).
     """
     out: list[Any] = []
 
-    def record(epoch: int, indices: list[int], batch: Any) -> bool:
+    def record(epoch: int, outcome: Any) -> None:
+        if isinstance(outcome, Exception):
+            outcome = ([], f"{type(outcome).__name__}: {outcome}")
+        indices, batch = outcome
         out.append(((epoch, indices, _plain(batch)), loader.state_dict()))
-        return until is not None and len(out) >= until
 
-    def failed(epoch: int, error: Exception) -> bool:
-        # A batch that fails is one of the epoch's outcomes: the epoch goes on after it.
-        return record(epoch, [], f"{type(error).__name__}: {error}")
-
-    async def consume_async(epoch: int) -> bool:
-        batches = loader.aiter_with_indices()
-        while True:
-            try:
-                indices, batch = await batches.__anext__()
-            except StopAsyncIteration:
-                return False
-            except Exception as error:
-                if failed(epoch, error):
-                    return True
-                continue
-            if record(epoch, indices, batch):
-                return True
-
-    def consume(epoch: int) -> bool:
-        batches = loader.iter_with_indices()
-        while True:
-            try:
-                indices, batch = next(batches)
-            except StopIteration:
-                return False
-            except Exception as error:
-                if failed(epoch, error):
-                    return True
-                continue
-            if record(epoch, indices, batch):
-                return True
+    async def consume_async(epoch: int) -> None:
+        async for outcome in _async_outcomes(loader.aiter_with_indices()):
+            record(epoch, outcome)
 
     out.append((None, loader.state_dict()))  # before the first batch
     for _ in range(epochs):
         epoch = loader.epoch
-        stopped = asyncio.run(consume_async(epoch)) if mode == "async" else consume(epoch)
-        if stopped:
-            break
+        if mode == "async":
+            asyncio.run(consume_async(epoch))
+        else:
+            for outcome in _outcomes(loader.iter_with_indices()):
+                record(epoch, outcome)
         out.append((None, loader.state_dict()))
     return out
 
