@@ -223,6 +223,11 @@ def test_invalid_settings_fail_at_construction(server: FaultServer) -> None:
         ({"Content-Length": "5"}, "headers['Content-Length'] frames the request"),
         ({"transfer-encoding": "chunked"}, "headers['transfer-encoding'] frames the request"),
         ({"Connection": "close"}, "headers['Connection'] frames the request"),
+        # Each was taken, and every item then failed: a 206 for a part, a 304 or a 412.
+        ({"Range": "bytes=0-3"}, "headers['Range'] decides what a GET answers"),
+        ({"If-None-Match": "*"}, "headers['If-None-Match'] decides what a GET answers"),
+        ({"if-modified-since": "x"}, "headers['if-modified-since'] decides what a GET answers"),
+        ({"If-Match": '"a"'}, "headers['If-Match'] decides what a GET answers"),
     ],
 )
 def test_headers_that_cannot_be_sent_as_they_are_fail_at_construction(

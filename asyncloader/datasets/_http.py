@@ -103,6 +103,12 @@ _FRAMING: Final = frozenset(
 the connection as this one's body."""
 
 
+_CONDITIONS: Final = frozenset(
+    {"range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
+)
+"""Headers that make a GET answer a part of the object (206) or none of it (304, 412)."""
+
+
 def _check_headers(headers: dict[str, str]) -> None:
     """Refuse, naming the header but never echoing a value (it may be a secret), a header
     that cannot go out as it is."""
@@ -115,6 +121,11 @@ def _check_headers(headers: dict[str, str]) -> None:
             raise ValueError(
                 f"headers[{name!r}] frames the request or manages its connection, which "
                 "the HTTP client does"
+            )
+        if name.lower() in _CONDITIONS:
+            raise ValueError(
+                f"headers[{name!r}] decides what a GET answers (a part of the object, or "
+                "none): items are read whole, and Parquet's ranges set their own"
             )
 
 
@@ -178,7 +189,8 @@ class HttpDataset:
             messages or logs, never sent to another origin). Refused here: a name that is not
             a header name, a value with a control character, and the headers that frame the
             request or manage its connection (``Content-Length``, ``Transfer-Encoding``,
-            ``Connection``...), which are the client's.
+            ``Connection``...), which are the client's, and those that make a GET answer a
+            part of the object or none of it (``Range``, ``If-None-Match``...).
         timeout: Seconds one request may take, body included (a redirect is a new request).
         retry: How transient failures are retried (408, 429, 5xx gateways, refused or reset
             connections, truncated bodies, time-outs; ``Retry-After`` honoured, in seconds or
