@@ -306,11 +306,10 @@ class Locations:
             assert self._function is not None
             location = self._function(index)
         key = location[0] if isinstance(location, tuple) else location
-        if not isinstance(key, str) and self.target != "url" and isinstance(key, os.PathLike):
-            path = os.fspath(key)  # a pathlib path: what glob() gives
-            if isinstance(path, str):
-                return (path, *location[1:]) if isinstance(location, tuple) else path
         if not isinstance(key, str):
+            path = os.fspath(key) if self.target != "url" and isinstance(key, os.PathLike) else None
+            if isinstance(path, str):  # a pathlib path: what glob() gives
+                return (path, *location[1:]) if isinstance(location, tuple) else path
             # Its value is not shown: a URL object or bytes may hold a password or signature.
             raise TypeError(
                 f"location of item {index} is a {type(key).__name__}, not a str "

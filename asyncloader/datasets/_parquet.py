@@ -33,10 +33,10 @@ from ._streaming import Blocking
 from ._tar import ShardError
 
 _EXIT_WAIT_S: Final = 10.0
-_OWN: Final = frozenset({"__shard__", "__row__"})
-"""The keys the loader gives each row: a column of such a name would be replaced."""
 """How long the interpreter's exit waits for the reads in progress to return (see
 :func:`_close_at_exit`)."""
+_OWN: Final = frozenset({"__shard__", "__row__"})
+"""The keys the loader gives each row: a column of such a name would be replaced."""
 
 _opened: set[_Opened] = set()
 _opened_lock = threading.Lock()

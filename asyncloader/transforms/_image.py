@@ -8,7 +8,7 @@ it is given and fails the item with a ``TypeError`` naming the step and what it 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def check_image(
     return value
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Whether ``value`` is an int and not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -68,17 +68,15 @@ def is_int(value: object) -> bool:
 def fill_value(step: str, fill: object) -> int:
     """A uint8 image's new pixels' value, checked: an int in ``[0, 255]`` (else each item
     would fail, or ``1.5`` be taken as 1)."""
-    if not is_int(fill) or not 0 <= fill <= 255:  # type: ignore[operator]
+    if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
         raise ValueError(f"{step}: fill must be an int in [0, 255] (uint8), got {fill!r}")
-    assert isinstance(fill, int)
     return fill
 
 
 def salt_value(step: str, salt: object) -> int:
     """A random step's salt, checked: an int >= 0 (it seeds NumPy's generator)."""
-    if not is_int(salt) or salt < 0:  # type: ignore[operator]
+    if isinstance(salt, bool) or not isinstance(salt, int) or salt < 0:
         raise ValueError(f"{step}: salt must be an int >= 0, got {salt!r}")
-    assert isinstance(salt, int)
     return salt
 
 
@@ -115,13 +113,9 @@ def generator(index: int, salt: int) -> np.random.Generator:
 
 def pair(name: str, value: int | tuple[int, int]) -> tuple[int, int]:
     """``(height, width)`` from an int (square) or a pair, each at least 1."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         result = (value, value)
-    elif (
-        isinstance(value, tuple | list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
+    elif isinstance(value, tuple | list) and len(value) == 2 and all(map(is_int, value)):
         result = (int(value[0]), int(value[1]))
     else:
         raise TypeError(f"{name} must be an int or a (height, width) pair, got {value!r}")
