@@ -7,6 +7,7 @@ loader's loop (``for``) or from pytest's loop (``async for``).
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import random
 import re
@@ -53,6 +54,8 @@ class FaultServer:
     def __init__(self, seed: int = 0) -> None:
         self.hits: Counter[str] = Counter()
         self.headers_seen: list[dict[str, str]] = []
+        self.accepted: list[list[str]] = []
+        """Each ``Accept-Encoding`` an ``/encoded`` request sent (all, if several)."""
         self.url = ""
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
@@ -83,6 +86,7 @@ class FaultServer:
         app.router.add_get("/files-cut/{name}", self.file_cut)
         app.router.add_get("/ranged/{name}", self.ranged)
         app.router.add_get("/wrong-range/{name}", self.wrong_range)
+        app.router.add_get("/encoded/{name}", self.encoded)
         app.router.add_get("/replaced/{etags}/{after}/{name}", self.replaced)
         app.router.add_get("/flaky-files/{fails}/{name}", self.flaky_file)
         app.router.add_get("/files-stall/{name}", self.file_stall)
@@ -266,6 +270,15 @@ class FaultServer:
         if self.hits[request.path] <= int(request.match_info["fails"]):
             return web.Response(status=503, headers={"Retry-After": "0"})
         return web.Response(body=self.files[request.match_info["name"]])
+
+    async def encoded(self, request: web.Request) -> web.Response:
+        """``/ranged/{name}`` of the file stored gzipped with ``Content-Encoding: gzip`` (as S3
+        keeps an object uploaded so): a range is of the stored bytes, whatever the client
+        accepts."""
+        self._hit(request)
+        self.accepted.append(request.headers.getall("Accept-Encoding", []))
+        stored = gzip.compress(self.files[request.match_info["name"]], mtime=0)
+        return _range(request, stored, {"Content-Encoding": "gzip"})
 
     async def wrong_range(self, request: web.Request) -> web.Response:
         """206 with the first bytes of the file, whatever range was asked for."""

@@ -4,6 +4,7 @@ num_workers, ranks, exact resume); a broken shard fails only its own place."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import subprocess
 import sys
@@ -19,7 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncloader import DataLoader, FileDataset, HttpDataset, ObjectStoreDataset, ParquetShards
+from asyncloader import (
+    DataLoader,
+    FileDataset,
+    HttpDataset,
+    ObjectStoreDataset,
+    ParquetShards,
+    Retry,
+)
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .epochs import outcomes as every_outcome
@@ -543,6 +551,40 @@ def test_a_server_that_does_not_answer_the_range_fails_its_shard(
     loader = DataLoader(dataset, batch_size=4, collate_fn=list)
     with loader, pytest.raises(OSError, match=message):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("own", [{}, {"accept-encoding": "gzip"}])
+def test_a_shard_stored_gzip_encoded_fails_once_naming_the_encoding(
+    server: FaultServer, own: dict[str, str]
+) -> None:
+    # A range of an object kept with Content-Encoding: gzip is of its gzipped bytes: aiohttp
+    # decoded the first byte's range into nothing, and the shard failed, retried 4 times, as
+    # "the range ended early". The ranges ask for the object as stored (identity, in place
+    # of the user's own header), and a range that comes encoded anyway fails at once.
+    name = f"stored-{len(own)}.parquet"
+    server.files[name] = parquet_bytes(0)
+    retry = Retry(max_retries=3, initial_backoff=0)
+    dataset = ParquetShards(HttpDataset([f"{server.url}/encoded/{name}"], headers=own, retry=retry))
+    loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+    with loader, pytest.raises(OSError, match="stored with Content-Encoding 'gzip', so its ranges"):
+        next(iter(loader))
+    assert server.hits[f"/encoded/{name}"] == 1
+    assert server.accepted[-1] == ["identity"]
+
+
+def test_an_object_stored_gzip_encoded_in_a_bucket_fails_naming_the_encoding() -> None:
+    # obstore gives the stored bytes of a range as they are: the gzipped ones, which failed
+    # the shard as "not a Parquet file".
+    from obstore.store import S3Store
+
+    with run_moto("encoded", {}) as moto:
+        store = S3Store("encoded", endpoint=moto.endpoint, allow_http=True, **CREDENTIALS)
+        stored = gzip.compress(parquet_bytes(0), mtime=0)
+        obstore.put(store, "t.parquet", stored, attributes={"Content-Encoding": "gzip"})
+        dataset = ParquetShards(ObjectStoreDataset(store, ["t.parquet"]))
+        loader = DataLoader(dataset, batch_size=4, collate_fn=list)
+        with loader, pytest.raises(OSError, match="stored with Content-Encoding 'gzip', so"):
+            next(iter(loader))
 
 
 def versioned(first_id: int, rows: int = 40_000) -> bytes:

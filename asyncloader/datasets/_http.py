@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._settings import check_int, check_timeout
 from ._fast_urls import path_urls
 from ._locations import Locations
-from ._ranges import RangeFile
+from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
 from ._streaming import Blocking, Sink
@@ -362,13 +362,18 @@ class HttpDataset:
         session = self._current() or await self._open_session()
         asked = f"bytes={start}-{start + length - 1}"
         shown = redact_url(url)
-        extra = {"Range": asked}
+        # A range is of the object's bytes as the server holds them: an encoding applied on
+        # the way would make it a range of other bytes (RFC 9110, 14.1.1).
+        extra = {"Range": asked, "Accept-Encoding": "identity"}
         if version is not None and version.etag and not version.etag.startswith("W/"):
             extra["If-Match"] = version.etag  # a weak ETag never matches (RFC 9110)
 
         async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, _Version]:
             given = response.headers.get("Content-Range", "")
             match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
+            refused = encoded(f"GET {shown}", response.headers.get("Content-Encoding"))
+            if response.status == 206 and refused is not None:
+                raise AttemptFailed(refused, transient=False)
             if response.status != 206 or match is None:
                 raise AttemptFailed(
                     OSError(
@@ -413,7 +418,11 @@ class HttpDataset:
         try:
             target = url
             # ``extra`` (a Range) is about the resource, not a credential: it goes everywhere.
-            headers = {**self.headers, **extra} if extra else self.headers or None
+            headers = self.headers or None
+            if extra:  # in place of the user's own of those names, in any case
+                names = {name.lower() for name in extra}
+                kept = {k: v for k, v in self.headers.items() if k.lower() not in names}
+                headers = {**kept, **extra}
             for hop in range(self.max_redirects + 1):
                 request = (
                     session.get(target, allow_redirects=False, headers=headers)

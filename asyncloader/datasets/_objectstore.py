@@ -13,7 +13,7 @@ from .._settings import check_timeout
 from ._file import FileDataset
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
-from ._ranges import RangeFile
+from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import Retry
 from ._streaming import STREAM_CHUNK, Blocking, Sink
@@ -390,7 +390,11 @@ class ObjectStoreDataset:
             if version:
                 options["version"] = version
             try:
-                return obstore.get(self.store, location, options=options).bytes()
+                result = obstore.get(self.store, location, options=options)
+                refused = encoded(
+                    f"GET {location} [{start}:]", result.attributes.get("Content-Encoding")
+                )
+                data = result.bytes() if refused is None else None
             except PreconditionError:
                 raise OSError(
                     f"GET {location} [{start}:]: {_CHANGED} (its ETag no longer matches the "
@@ -398,6 +402,9 @@ class ObjectStoreDataset:
                 ) from None
             except Exception as error:
                 raise _translate(error, f"GET {location} [{start}:]") from None
+            if refused is not None:  # obstore decodes nothing: these are the stored bytes
+                raise refused
+            return data
 
         return RangeFile(size, get)
 

@@ -8,6 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 
+def encoded(what: str, encoding: object) -> OSError | None:
+    """Why a range of an object served with ``encoding`` (its ``Content-Encoding``) cannot be
+    read, or ``None`` for one without: a range is of the bytes as stored, so of the encoded
+    ones (RFC 9110, 14.1.1), which no reader of ranges can use."""
+    name = str(encoding or "").strip().lower()
+    if name in ("", "identity"):
+        return None
+    return OSError(
+        f"{what}: the object is stored with Content-Encoding {name[:40]!r}, so its ranges are "
+        "of the encoded bytes, which a reader of ranges cannot use; store it without one"
+    )
+
+
 class RangeFile(io.RawIOBase):
     """A file of ``size`` bytes; each read is ``get(start, length) -> bytes`` (blocking).
 
