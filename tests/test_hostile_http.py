@@ -8,6 +8,7 @@ sockets left behind by many event loops.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
 import subprocess
 import sys
@@ -180,6 +181,9 @@ def test_a_204_is_an_empty_item() -> None:
         assert fetch(HttpDataset([server.url + "/x"], retry=NO_RETRY)) == b""
 
 
+GZIPPED = gzip.compress(b"hello", mtime=0)
+TWICE = gzip.compress(GZIPPED, mtime=0)
+
 MALFORMED = {
     "bad length": (response(body=b"abc", headers={"Content-Length": "abc"}), "Content-Length"),
     "negative length": (response(body=b"abc", headers={"Content-Length": "-3"}), "Content-Length"),
@@ -208,6 +212,33 @@ MALFORMED = {
         response(body=b"abc", headers={"Content-Encoding": "br"}),
         "content-encoding: brotli",
     ),
+    # Each of these was delivered still encoded, with no error: aiohttp decodes no transfer
+    # coding but chunked, and of several Content-Encoding fields it decodes one (the last)
+    # while the check read another (the first).
+    "a gzip transfer coding": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(GZIPPED), GZIPPED),
+        "unsupported Transfer-Encoding 'gzip, chunked'",
+    ),
+    "a gzip transfer coding to the close": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n" + GZIPPED,
+        "unsupported Transfer-Encoding 'gzip'",
+    ),
+    "two Transfer-Encoding fields": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(GZIPPED), GZIPPED),
+        "unsupported Transfer-Encoding 'gzip, chunked'",
+    ),
+    "two Content-Encoding fields": (
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Encoding: gzip\r\n"
+        + b"Content-Length: %d\r\n\r\n%s" % (len(TWICE), TWICE),
+        "unsupported Content-Encoding 'gzip, gzip'",
+    ),
+    "gzip, then an unknown one in another field": (
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Encoding: snappy\r\n"
+        + b"Content-Length: %d\r\n\r\n%s" % (len(GZIPPED), GZIPPED),
+        "unsupported Content-Encoding 'gzip, snappy'",
+    ),
 }
 
 
@@ -221,6 +252,38 @@ def test_malformed_responses_fail_once_saying_why(case: str) -> None:
     assert "ClientResponseError" not in str(out)
     assert "aaaa" not in str(out)  # the response's own bytes are not echoed
     assert len(server.requests) == 1, "a malformed response is not worth another attempt"
+
+
+def test_a_transfer_coding_left_undecoded_fails_streams_and_ranges_too() -> None:
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(GZIPPED), GZIPPED)
+    whole = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked
+    part = b"HTTP/1.1 206 Partial\r\nContent-Range: bytes 0-4/5\r\n" + whole[17:]
+    chunks: list[bytes] = []
+
+    async def sink(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    async def read(url: str, ranged: bool) -> Any:
+        dataset = HttpDataset([url], retry=NO_RETRY)
+        try:
+            if ranged:  # before, the first 5 bytes of the gzip stream, as the range
+                return await dataset.get_range(url, 0, 5)
+            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
+        except Exception as error:
+            return error
+        finally:
+            await dataset.aclose()
+
+    for reply, ranged in ((whole, False), (part, True)):
+
+        def handle(path: str, headers: dict[str, str], reply: bytes = reply) -> bytes:
+            return reply
+
+        with run_raw_server(handle) as server:
+            out = asyncio.run(read(server.url + "/x", ranged))
+        assert type(out) is OSError, out
+        assert "unsupported Transfer-Encoding 'gzip, chunked'" in str(out)
+    assert chunks == []
 
 
 def test_a_body_cut_short_is_retried_saying_how_much_came() -> None:

@@ -371,7 +371,8 @@ class HttpDataset:
         async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, _Version]:
             given = response.headers.get("Content-Range", "")
             match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
-            refused = encoded(f"GET {shown}", response.headers.get("Content-Encoding"))
+            self._check_encoding(response, url)
+            refused = encoded(f"GET {shown}", _field(response, "Content-Encoding"))
             if response.status == 206 and refused is not None:
                 raise AttemptFailed(refused, transient=False)
             if response.status != 206 or match is None:
@@ -529,10 +530,16 @@ class HttpDataset:
         return target
 
     def _check_encoding(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
-        encoding = response.headers.get("Content-Encoding")
-        if encoding is None:
-            return
-        encoding = encoding.strip().lower()
+        """Refuse a body that aiohttp would hand over still encoded: a transfer coding but
+        chunked, or a content coding it does not decode. Several fields of one name are one
+        list (RFC 9110, 5.3), of which aiohttp decodes only one."""
+        transfer = _field(response, "Transfer-Encoding")
+        if transfer and transfer != "chunked":
+            raise AttemptFailed(
+                OSError(f"GET {redact_url(url)}: unsupported Transfer-Encoding {transfer[:40]!r}"),
+                transient=False,
+            )
+        encoding = _field(response, "Content-Encoding")
         if encoding not in DECODED_ENCODINGS:
             raise AttemptFailed(
                 OSError(f"GET {redact_url(url)}: unsupported Content-Encoding {encoding[:40]!r}"),
@@ -543,7 +550,7 @@ class HttpDataset:
         """Refuse a body whose ``Content-Length`` is over ``max_bytes`` before reading it (an
         encoded one is checked as it is decoded)."""
         declared = response.content_length
-        encoding = response.headers.get("Content-Encoding", "").strip().lower()
+        encoding = _field(response, "Content-Encoding")
         if self.max_bytes is None or declared is None or encoding not in ("", "identity"):
             return
         if declared > self.max_bytes:
@@ -579,6 +586,12 @@ class HttpDataset:
 
 _closing: set[asyncio.Future[None]] = set()
 """Closes scheduled on another loop, kept referenced until they end."""
+
+
+def _field(response: aiohttp.ClientResponse, name: str) -> str:
+    """The header ``name``'s values, lower-cased, as one list: ``""`` when it has none."""
+    values = response.headers.getall(name, ())
+    return ", ".join(value.strip() for value in values).lower()
 
 
 def _close_later(keeper: AsyncGenerator[None, None]) -> None:
