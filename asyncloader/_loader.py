@@ -21,10 +21,7 @@ from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
-from ._state import (
-    Progress,
-    Resume,
-)
+from ._state import Progress, Resume, check_json
 from ._stats import LoaderStats, Recorder
 from ._stream import StreamBatches, check_stream_settings, stream_kind
 from ._stream_epochs import StreamEpochs
@@ -282,6 +279,7 @@ class DataLoader:
                 past the end of its epoch). The message names the field, and the loader is
                 left as it was.
         """
+        check_json(state)
         resume = self._epochs.load(state)
         self._epoch, self._progress, self._resume = resume.epoch, None, resume
 

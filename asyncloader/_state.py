@@ -230,6 +230,35 @@ def _batches_in_epoch(expected: Expected, world_size: int, offset: int) -> int |
     return batch_count(samples, batch_size, drop_last)
 
 
+_UNHELD: Final = (TypeError, ValueError, RecursionError)
+"""What ``json.dumps`` raises for a value JSON cannot hold: not data, an int past the digits
+``int`` turns into a string, a structure nested past the recursion limit."""
+
+
+def check_json(state: object) -> None:
+    """Refuse a state (or list of the ranks' states) that JSON cannot hold, naming the first
+    field that it cannot: every state a loader saves can, and the checks after this one show
+    values in their messages, which such a value would break.
+
+    Raises:
+        ValueError: The state, or one of its fields, cannot be held as JSON.
+    """
+    try:
+        json.dumps(state)
+    except _UNHELD as error:
+        states = state if isinstance(state, list) else [state]
+        for number, one in enumerate(states):
+            where = f"state {number} " if isinstance(state, list) else "state "
+            for key, value in one.items() if isinstance(one, dict) else ():
+                try:
+                    json.dumps(value)
+                except _UNHELD as failed:
+                    raise ValueError(
+                        f"{where}{str(key)[:60]} cannot be held as JSON: {str(failed)[:100]}"
+                    ) from None
+        raise ValueError(f"a loader state must be JSON-serialisable: {str(error)[:100]}") from None
+
+
 def check_layout(
     state: dict[str, Any], required: Sequence[str], optional: Sequence[str] = ()
 ) -> tuple[int, int, int, int]:

@@ -69,6 +69,19 @@ if importlib.util.find_spec("torch") is not None:  # not on the Pythons without 
     from .torch_configs import TORCH_CONFIGS
 
     CONFIGS.update(TORCH_CONFIGS)
+
+
+def nested(depth: int) -> list[Any]:
+    """A list of a list of ... ``depth`` deep: past the interpreter's recursion limit."""
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+DEEP = nested(100_000)
 HOSTILE: list[object] = [
     -1,
     0,
@@ -83,6 +96,8 @@ HOSTILE: list[object] = [
     {},
     {"kind": "random"},
     "random",
+    10**5000,  # past what int() and json.dumps turn into digits
+    DEEP,
 ]
 
 
