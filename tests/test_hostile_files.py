@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -161,6 +162,40 @@ def test_a_file_on_the_way_is_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"f")
     with pytest.raises(NotADirectoryError):
         FileDataset(["file/x"], root=tmp_path)[0]
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_a_file_named_as_a_directory_is_not_read_as_one(tmp_path: Path, root: bool) -> None:
+    # Beneath root, "file/" (and a link to "file/") read the file, which open() refuses.
+    (tmp_path / "file").write_bytes(b"f")
+    (tmp_path / "slash").symlink_to("file/")
+    names = ["file/", "file/.", "slash", "slash/"]
+    if root:
+        dataset = FileDataset(names, root=tmp_path)
+    else:
+        dataset = FileDataset([f"{tmp_path}/{name}" for name in names])
+    for index in range(len(names)):
+        with pytest.raises(NotADirectoryError):
+            dataset[index]
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError):
+        FileDataset(["folder/"], root=tmp_path)[0]
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_a_socket_fails_its_item_saying_so(tmp_path: Path, root: bool) -> None:
+    # open() of a socket says ENXIO, "No such device or address", naming nothing.
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "sock"))
+        name = "sock" if root else str(tmp_path / "sock")
+        with pytest.raises(OSError, match="it is a socket, not a regular file"):
+            FileDataset([name], root=tmp_path if root else None)[0]
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_a_location_with_a_nul_byte_fails_naming_it(tmp_path: Path, root: bool) -> None:
+    with pytest.raises(ValueError, match=r"location 'a\\x00b' has a NUL byte"):
+        FileDataset(["a\0b"], root=tmp_path if root else None)[0]
 
 
 def test_a_file_that_grows_while_it_is_streamed_stops_at_max_bytes(tmp_path: Path) -> None:

@@ -38,7 +38,12 @@ _KINDS: Final = (
 
 
 def _components(path: str) -> list[str]:
-    return [part for part in path.split("/") if part not in ("", ".")]
+    """The names to walk; a path that ends in ``/`` or ``/.`` ends in ``.``, so that its last
+    name must be a directory, as ``open`` has it."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if parts and path.rsplit("/", 1)[-1] in ("", ".") and "/" in path:
+        parts.append(".")
+    return parts
 
 
 def _beneath(real_root: str, path: str) -> str | None:
@@ -67,6 +72,8 @@ def _walk(root: str, real_root: str, location: str) -> int:
     try:
         while parts:
             name = parts.popleft()
+            if name == ".":  # the name before it was opened as a directory
+                continue
             if name == "..":
                 if len(stack) == 1:
                     raise PermissionError(errno.EACCES, "it leaves root", location)
@@ -85,7 +92,8 @@ def _walk(root: str, real_root: str, location: str) -> int:
                     if error.errno in _LINK_ERRNOS:  # a link when opened, swapped since
                         parts.appendleft(name)
                         continue
-                    raise error from None  # not a link: the open's own failure
+                    # Not a link: the open's own failure.
+                    raise _described(error, location, name, stack[-1]) from None
                 if os.path.isabs(target):
                     relative = _beneath(real_root, target)
                     if relative is None:
@@ -116,12 +124,18 @@ def open_regular(location: str, root: str | None, real_root: str | None) -> tupl
     regular file; the caller owns it and closes it.
 
     Raises:
+        ValueError: The location has a NUL byte.
         PermissionError: The location, or a link on its way, leaves ``root``.
         IsADirectoryError: It is a directory.
         OSError: It is a FIFO, a device or a socket; or the system's own error.
     """
+    if "\0" in location:  # os.open's own error would not name it
+        raise ValueError(f"location {location[:80]!r} has a NUL byte")
     if root is None or real_root is None:
-        fd = os.open(location, _ANY_FILE)
+        try:
+            fd = os.open(location, _ANY_FILE)
+        except OSError as error:
+            raise _described(error, location, location, None) from None
     else:
         fd = _walk(root, real_root, location)
     try:
@@ -129,9 +143,27 @@ def open_regular(location: str, root: str | None, real_root: str | None) -> tupl
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(errno.EISDIR, "it is a directory", location)
         if not stat.S_ISREG(info.st_mode):
-            kind = next((text for test, text in _KINDS if test(info.st_mode)), "not a file")
-            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", location)
+            raise _not_regular(info.st_mode, location)
     except BaseException:
         os.close(fd)
         raise
     return fd, info.st_size
+
+
+def _not_regular(mode: int, location: str) -> OSError:
+    kind = next((text for test, text in _KINDS if test(mode)), "not a file")
+    return OSError(errno.EINVAL, f"it is {kind}, not a regular file", location)
+
+
+def _described(error: OSError, location: str, name: str, parent: int | None) -> OSError:
+    """``error`` from opening ``name``, or, where ``open`` says only ``ENXIO`` ("No such
+    device or address": a socket, or a device without its driver), what the file is. The
+    file is looked up again for the message only: nothing is read from it."""
+    named = OSError(error.errno, error.strerror, location)  # the location, not one name of it
+    if error.errno != errno.ENXIO:
+        return named
+    try:
+        mode = os.stat(name, dir_fd=parent, follow_symlinks=parent is None).st_mode
+    except OSError:
+        return named
+    return _not_regular(mode, location)
