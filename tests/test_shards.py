@@ -186,6 +186,33 @@ def test_webdataset_reads_the_same_samples_with_the_same_keys(folder: Path) -> N
         }
 
 
+def test_members_of_no_key_are_passed_over_as_webdataset_does(tmp_path: Path) -> None:
+    # macOS tar writes a "._" file beside each file; a shard may hold a README. The shard
+    # failed at the first of them, where webdataset reads every sample.
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        member(archive, "README", b"about these samples")
+        for i in range(4):
+            member(archive, f"._{i:03d}.jpg", b"\x00\x05\x16\x07")
+            member(archive, f"{i:03d}.jpg", bytes([i]) * 10)
+            member(archive, f"{i:03d}.cls", str(i).encode())
+    (tmp_path / "mac.tar").write_bytes(out.getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # webdataset leaves its files open
+        theirs = list(webdataset.WebDataset([str(tmp_path / "mac.tar")], shardshuffle=False))
+        gc.collect()
+    dataset = TarShards(FileDataset(["mac.tar"], root=tmp_path))
+    with DataLoader(dataset, batch_size=2, collate_fn=list) as loader:
+        ours = [sample for batch in loader for sample in batch]
+    assert (
+        [s["__key__"] for s in ours]
+        == [s["__key__"] for s in theirs]
+        == ["000", "001", "002", "003"]
+    )
+    for mine, wds in zip(ours, theirs, strict=True):
+        assert (mine["jpg"], mine["cls"]) == (wds["jpg"], wds["cls"])
+
+
 def test_compressed_shards_are_read_too(tmp_path: Path) -> None:
     (tmp_path / "a.tar.gz").write_bytes(shard_bytes(0, compress=True))
     dataset = TarShards(FileDataset(["a.tar.gz"], root=tmp_path))
@@ -224,10 +251,10 @@ def bad_shards(folder: Path) -> dict[str, bytes]:
     with tarfile.open(fileobj=over, mode="w") as archive:
         member(archive, "000001.txt", b"ok")
         member(archive, "000002.txt", b"x" * 5000)  # over max_bytes=4096
-    keyless = io.BytesIO()
-    with tarfile.open(fileobj=keyless, mode="w") as archive:
+    twice = io.BytesIO()
+    with tarfile.open(fileobj=twice, mode="w") as archive:
         member(archive, "000001.txt", b"ok")
-        member(archive, "README", b"no key and extension")
+        member(archive, "000001.txt", b"a second txt")
     return {
         "good-0.tar": shard_bytes(0),
         "cut.tar": whole[: len(whole) // 2],
@@ -236,7 +263,7 @@ def bad_shards(folder: Path) -> dict[str, bytes]:
         "good-3.tar": shard_bytes(3),
         "over.tar": over.getvalue(),
         "good-4.tar": shard_bytes(4),
-        "keyless.tar": keyless.getvalue(),
+        "twice.tar": twice.getvalue(),
     }
 
 
@@ -255,19 +282,18 @@ def test_a_broken_shard_fails_its_own_samples_and_the_epoch_goes_on(tmp_path: Pa
         *keys_of(3),
         "000001",
         *keys_of(4),
-        "000001",
     ]
     errors = [o for o in outcomes if o.startswith("shard")]
     assert len(errors) == 4
-    cut, html, over, keyless = errors
+    cut, html, over, second = errors
     assert "cut.tar" in cut
     assert "ends early" in cut or "end-of-archive" in cut
     assert "html.tar" in html
     assert "not a tar" in html
     assert "over.tar" in over
     assert "'000002.txt' is 5000 bytes, over max_bytes=4096" in over
-    assert "keyless.tar" in keyless
-    assert "'README' has no key and extension" in keyless
+    assert "twice.tar" in second
+    assert "'000001.txt' is a second 'txt' in sample '000001'" in second
     assert set(good) <= set(outcomes)
 
 

@@ -19,11 +19,12 @@ time per sample (the figures are in docs/streaming.md, "Parsing").
 Every header is hostile: its checksum is checked, sizes are octal digits or base-256 and never
 negative, a member's size, and its sample's with it, are checked against ``max_bytes`` before
 its data is held, names are only split (never used as paths), members that are not regular
-files (links, folders, devices) and WebDataset's ``__meta__`` files are passed over (their
-data, where tarfile reads any, never held), and sparse members are refused. A stream that is
-not a tar, has a bad header, ends before tar's end-of-archive block, or has a member that takes
-its sample over the limit, a name with no key or no extension, an extension twice in one
-sample, or one that is a key the parser gives the sample (``__key__``, ``__shard__``) sets the
+files (links, folders, devices), WebDataset's ``__meta__`` files and names of no key or no
+extension (a README, macOS tar's ``._`` files: webdataset passes over them too) are passed
+over (their data, where tarfile reads any, never held), and sparse members are refused. A
+stream that is not a tar, has a bad header, ends before tar's end-of-archive block, or has a
+member that takes its sample over the limit, an extension twice in one sample, or one that is
+a key the parser gives the sample (``__key__``, ``__shard__``) sets the
 parser's ``error`` to a :class:`ShardError` naming the shard and the member (the samples
 before it are still handed out). A compressed stream is inflated at most
 :data:`INFLATE_STEP` bytes at a time and no further than the end of the archive, and the
@@ -397,24 +398,24 @@ class TarParser:
             size = 0
         if kind == b"S" or (local and any(key.startswith("GNU.sparse") for key in local)):
             raise self._fail(name, "is a sparse file, which WebDataset shards never hold")
-        limit = self.max_bytes
         parts = None
         meta = "__" in name and _META.search(name)
         if kind in _REGULAR and not name.endswith("/") and not meta:
+            # A name of no key or extension (a README, macOS tar's "._" files) is no
+            # sample's: passed over, as webdataset does, the sample around it kept whole.
             parts = split_name(name)
-            if parts is None:
-                self._flush_unless(None)
-                raise self._fail(name, "has no key and extension")
-            if parts[1] in _OWN:
-                self._flush_unless(parts)
-                raise self._fail(name, f"is named as the sample's own {parts[1]!r}")
-            if limit is not None and size > limit:
-                self._flush_unless(parts)
-                raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
-            sample = self._sample
-            same = sample is not None and sample["__key__"] == parts[0]
-            if limit is not None and same and self._sample_bytes + max(size, BLOCK) > limit:
-                raise self._fail(name, f"takes sample {parts[0]!r} over max_bytes={limit}")
+            if parts is not None:
+                limit = self.max_bytes
+                if parts[1] in _OWN:
+                    self._flush_unless(parts)
+                    raise self._fail(name, f"is named as the sample's own {parts[1]!r}")
+                if limit is not None and size > limit:
+                    self._flush_unless(parts)
+                    raise self._fail(name, f"is {size} bytes, over max_bytes={limit}")
+                sample = self._sample
+                same = sample is not None and sample["__key__"] == parts[0]
+                if limit is not None and same and self._sample_bytes + max(size, BLOCK) > limit:
+                    raise self._fail(name, f"takes sample {parts[0]!r} over max_bytes={limit}")
         elif kind in _NAMES and size > self._extended:
             raise self._fail(name, f"has a {size}-byte extended header")
         return name, size, kind, parts
