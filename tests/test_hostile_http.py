@@ -286,6 +286,34 @@ def test_a_transfer_coding_left_undecoded_fails_streams_and_ranges_too() -> None
     assert chunks == []
 
 
+def test_a_stream_whose_server_never_gives_a_final_response_times_out() -> None:
+    # A stream's timeout bounds each wait for data, not the whole body, and 1xx responses
+    # (103 Early Hints) came within it: 200 of them, 10 s, were waited through before the
+    # body, and a server that kept sending them held the stream (a shard) for ever.
+    hint = b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+    reply: list[bytes | float] = [hint, 0.05] * 200
+    reply.append(response(body=b"late"))
+    chunks: list[bytes] = []
+
+    async def sink(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    async def stream(url: str) -> Any:
+        dataset = HttpDataset([url], timeout=0.5, retry=NO_RETRY)
+        try:
+            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
+        except Exception as error:
+            return error
+        finally:
+            await dataset.aclose()
+
+    with run_raw_server(lambda path, headers: reply) as server:
+        out = asyncio.run(stream(server.url + "/x"))
+    assert type(out) is TimeoutError, out
+    assert "no response within 0.5 s" in str(out)
+    assert chunks == []
+
+
 def test_a_body_cut_short_is_retried_saying_how_much_came() -> None:
     reply = response(body=b"abc", headers={"Content-Length": "10"})
     with run_raw_server(lambda path, headers: reply) as server:

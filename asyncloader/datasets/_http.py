@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import os
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -296,7 +297,8 @@ class HttpDataset:
         """Item ``index``'s body, chunk by chunk into ``sink`` (which may wait, pausing the
         connection): one GET, with the redirects, headers, retries and limits of an item; a
         failure after the first byte is not retried (the bytes would come twice).
-        ``timeout`` bounds the connection and each wait for data, not the whole body, and
+        ``timeout`` bounds the connection, the response's head (1xx responses included) and
+        each wait for data, not the whole body, and
         aiohttp pauses it while ``sink`` waits. ``blocking`` is not needed."""
         url = self.locations[index]
         assert isinstance(url, str)
@@ -428,8 +430,11 @@ class HttpDataset:
                 request = (
                     session.get(target, allow_redirects=False, headers=headers)
                     if timeout is None
-                    else session.get(
-                        target, allow_redirects=False, headers=headers, timeout=timeout
+                    else self._head_within(
+                        session.get(
+                            target, allow_redirects=False, headers=headers, timeout=timeout
+                        ),
+                        url,
                     )
                 )
                 async with request as response:
@@ -499,6 +504,25 @@ class HttpDataset:
                 OSError(f"GET {redact_url(url)}: {type(error).__name__} ({_reason(error)})"),
                 transient=False,
             ) from None
+
+    @contextlib.asynccontextmanager
+    async def _head_within(
+        self, request: Any, url: str | yarl.URL
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A stream's response, its head (1xx responses too) within ``timeout``: the
+        stream's own time-out bounds each wait for data, and a server may send 1xx
+        responses without end, each within it."""
+        try:
+            # In this task, not one of wait_for's own: aiohttp ties a request to its task.
+            async with self._aiohttp.helpers.ceil_timeout(self.timeout, ceil_threshold=1e9):
+                response = await request
+        except asyncio.TimeoutError:
+            raise AttemptFailed(
+                TimeoutError(f"GET {redact_url(url)}: no response within {self.timeout} s"),
+                transient=True,
+            ) from None
+        async with response:
+            yield response
 
     def _redirect(
         self, response: aiohttp.ClientResponse, url: str | yarl.URL, hop: int
