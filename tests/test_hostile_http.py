@@ -137,6 +137,25 @@ def test_a_3xx_that_is_not_followed_fails_its_item(case: str) -> None:
     assert len(server.requests) == 1
 
 
+def streamed(dataset: HttpDataset) -> tuple[Any, list[bytes]]:
+    """How ``dataset.stream(0, ...)`` ended (``None``, or its error) and the chunks it gave,
+    on a loop of its own; the dataset is closed after."""
+    chunks: list[bytes] = []
+
+    async def sink(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    async def run() -> Any:
+        try:
+            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
+        except Exception as error:
+            return error
+        finally:
+            await dataset.aclose()
+
+    return asyncio.run(run()), chunks
+
+
 NOT_THE_OBJECT = {
     "206 unasked": response(206, b"hello", {"Content-Range": "bytes 0-4/100"}),
     "202": response(202, b"queued"),
@@ -153,22 +172,8 @@ def test_a_2xx_that_is_not_the_whole_object_fails_its_item(case: str) -> None:
     reply = NOT_THE_OBJECT[case]
     with run_raw_server(lambda path, headers: reply) as server:
         out = fetch(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
-        chunks: list[bytes] = []
-
-        async def sink(chunk: bytes) -> None:
-            chunks.append(chunk)
-
-        async def stream() -> Any:
-            dataset = HttpDataset([server.url + "/x"], retry=NO_RETRY)
-            try:
-                return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
-            except Exception as error:
-                return error
-            finally:
-                await dataset.aclose()
-
-        streamed = asyncio.run(stream())
-    for failure in (out, streamed):
+        ended, chunks = streamed(HttpDataset([server.url + "/x"], retry=NO_RETRY))
+    for failure in (out, ended):
         assert type(failure) is OSError, failure
         assert f"HTTP {case[:3]}" in str(failure)
         assert "not the whole object" in str(failure)
@@ -258,32 +263,29 @@ def test_a_transfer_coding_left_undecoded_fails_streams_and_ranges_too() -> None
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(GZIPPED), GZIPPED)
     whole = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked
     part = b"HTTP/1.1 206 Partial\r\nContent-Range: bytes 0-4/5\r\n" + whole[17:]
-    chunks: list[bytes] = []
 
-    async def sink(chunk: bytes) -> None:
-        chunks.append(chunk)
-
-    async def read(url: str, ranged: bool) -> Any:
+    async def ranged(url: str) -> Any:  # before, the first 5 bytes of the gzip stream
         dataset = HttpDataset([url], retry=NO_RETRY)
         try:
-            if ranged:  # before, the first 5 bytes of the gzip stream, as the range
-                return await dataset.get_range(url, 0, 5)
-            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
+            return await dataset.get_range(url, 0, 5)
         except Exception as error:
             return error
         finally:
             await dataset.aclose()
 
-    for reply, ranged in ((whole, False), (part, True)):
+    for reply in (whole, part):
 
         def handle(path: str, headers: dict[str, str], reply: bytes = reply) -> bytes:
             return reply
 
         with run_raw_server(handle) as server:
-            out = asyncio.run(read(server.url + "/x", ranged))
+            if reply is part:
+                out = asyncio.run(ranged(server.url + "/x"))
+            else:
+                out, chunks = streamed(HttpDataset([server.url + "/x"], retry=NO_RETRY))
+                assert chunks == []
         assert type(out) is OSError, out
         assert "unsupported Transfer-Encoding 'gzip, chunked'" in str(out)
-    assert chunks == []
 
 
 def test_a_stream_whose_server_never_gives_a_final_response_times_out() -> None:
@@ -293,22 +295,8 @@ def test_a_stream_whose_server_never_gives_a_final_response_times_out() -> None:
     hint = b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
     reply: list[bytes | float] = [hint, 0.05] * 200
     reply.append(response(body=b"late"))
-    chunks: list[bytes] = []
-
-    async def sink(chunk: bytes) -> None:
-        chunks.append(chunk)
-
-    async def stream(url: str) -> Any:
-        dataset = HttpDataset([url], timeout=0.5, retry=NO_RETRY)
-        try:
-            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
-        except Exception as error:
-            return error
-        finally:
-            await dataset.aclose()
-
     with run_raw_server(lambda path, headers: reply) as server:
-        out = asyncio.run(stream(server.url + "/x"))
+        out, chunks = streamed(HttpDataset([server.url + "/x"], timeout=0.5, retry=NO_RETRY))
     assert type(out) is TimeoutError, out
     assert "no response within 0.5 s" in str(out)
     assert chunks == []
