@@ -9,7 +9,7 @@ iterating, is recognised first: :mod:`._stream`.)
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._pool import ThreadPool
@@ -49,6 +49,25 @@ def _refuse_awaitable(item: object, what: str) -> None:
         )
 
 
+def listed(items: object, indices: Sequence[int], dataset: object) -> list[Any]:
+    """What ``__getitems__`` returned, as a list of one item per index: any iterable of the
+    items (a list, a tuple, the rows of an array, a generator).
+
+    Raises:
+        TypeError: It returned something that is not a sequence of items: ``None``, a
+            mapping, a string.
+        ValueError: It returned another number of items than of indices.
+    """
+    if items is None or isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise TypeError(
+            f"{type(dataset).__name__}.__getitems__ returned {type(items).__name__}; it must "
+            "return one item per index, in a list (or any iterable of them)"
+        )
+    result = list(items)
+    check_count(result, indices)
+    return result
+
+
 def check_count(items: Sequence[Any], indices: Sequence[int]) -> None:
     """Fail a batch whose ``__getitems__`` returned the wrong number of items."""
     if len(items) != len(indices):
@@ -65,12 +84,11 @@ def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
     """
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is not None:
-        items = getitems(list(indices))
+        returned = getitems(list(indices))
+        _refuse_awaitable(returned, f"{type(dataset).__name__}.__getitems__")
+        items = listed(returned, indices, dataset)
         if items:
             _refuse_awaitable(items[0], f"{type(dataset).__name__}.__getitems__ item")
-        _refuse_awaitable(items, f"{type(dataset).__name__}.__getitems__")
-        items = list(items)
-        check_count(items, indices)
         return items
     getitem = dataset.__getitem__
     result: list[Any] = []
@@ -112,9 +130,7 @@ class Source:
         """All the items of a batch, in one call (requires :attr:`fetches_whole_batches`)."""
         if self.io is not None:
             return await self.io.run(fetch_batch, self.dataset, indices)
-        items = list(await self.dataset.__getitems__(list(indices)))
-        check_count(items, indices)
-        return items
+        return listed(await self.dataset.__getitems__(list(indices)), indices, self.dataset)
 
     async def _get_on_pool(self, index: int) -> Any:
         assert self.io is not None

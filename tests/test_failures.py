@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from asyncloader import DataLoader
@@ -244,6 +245,48 @@ def test_getitems_returning_the_wrong_count_fails_the_batch(dataset: Any, num_wo
     assert out[0] == [0, 1, 2, 3]
     assert isinstance(out[1], ValueError)
     assert "__getitems__ returned" in str(out[1])
+
+
+class _Returns(SyncData):
+    """``__getitems__`` returns its items as ``kind`` says."""
+
+    def __init__(self, n: int, kind: str) -> None:
+        super().__init__(n)
+        self.kind = kind
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        rows = np.arange(self.n * 3).reshape(self.n, 3)
+        made: dict[str, Callable[[], Any]] = {
+            "rows of an array": lambda: rows[indices],  # a dataset held in one array
+            "a generator": lambda: (rows[i] for i in indices),
+            "None": lambda: None,
+            "a dict": lambda: {i: rows[i] for i in indices},
+            "a str": lambda: "abcd"[: len(indices)],
+        }
+        return made[self.kind]()
+
+
+@pytest.mark.parametrize("kind", ["rows of an array", "a generator"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_getitems_may_return_any_iterable_of_the_items(kind: str, num_workers: int) -> None:
+    # An array failed every batch with "The truth value of an array ... is ambiguous" (torch
+    # collates it), a generator with "'generator' object is not subscriptable".
+    with DataLoader(_Returns(8, kind), batch_size=4, num_workers=num_workers) as loader:
+        got = [batch.tolist() for batch in loader]
+    assert got == np.arange(24).reshape(2, 4, 3).tolist()
+
+
+@pytest.mark.parametrize("kind", ["None", "a dict", "a str"])
+def test_getitems_returning_no_sequence_of_items_fails_the_batch_saying_so(kind: str) -> None:
+    # None failed as "'NoneType' object is not iterable", a dict as KeyError 0, and a str was
+    # taken as one item a character.
+    with DataLoader(_Returns(8, kind), batch_size=4) as loader:
+        out = _collect_sync(loader)
+    assert len(out) == 2
+    for error in out:
+        assert type(error) is TypeError, error
+        assert "_Returns.__getitems__ returned" in str(error)
+        assert "one item per index" in str(error)
 
 
 class _Mixed:
