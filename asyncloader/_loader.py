@@ -38,6 +38,12 @@ class DataLoader:
     ``for batch in loader`` runs an epoch on the loader's own background event loop (or inline
     on the direct path); ``async for batch in loader`` runs it on the caller's loop.
 
+    A loader pickles and deep-copies as torch's does (``multiprocessing``'s spawn, Lightning's
+    ``ddp_spawn``): the copy is built again from the same arguments, with the same seed, count
+    of epochs and loaded state not yet used, and starts the next epoch the original would
+    (never its threads, processes or an epoch in progress). A rank left to the environment
+    is read again where the copy is made.
+
     Args:
         dataset: A map-style dataset: ``__len__`` and ``__getitem__`` (sync or ``async def``),
             optionally ``__getitems__(indices)`` and, for async datasets, ``async def aclose()``.
@@ -126,6 +132,8 @@ class DataLoader:
         errors: ErrorPolicy = "raise",
         max_errors: int | float | None = None,
     ) -> None:
+        # What it was built with, as given: a copy is built again from it (__reduce__).
+        self._given: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         self._unbatched = batch_size is None
         kind = stream_kind(dataset)
         if kind is not None:
@@ -420,6 +428,13 @@ class DataLoader:
         if runtime is not None and runtime.pid == os.getpid():
             runtime.close(run_closers=not dataset_closed)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and deep-copied as torch's loader is: what it was built with, its seed
+        (one drawn from the OS too), its count of epochs and a loaded state not yet used;
+        never its threads, processes, statistics or an epoch in progress. The copy starts
+        the next epoch the original would start."""
+        return (_rebuilt, (self._given, self.seed, self._epoch, self._resume))
+
     def __enter__(self) -> DataLoader:
         return self
 
@@ -439,3 +454,12 @@ class DataLoader:
             f"num_workers={s.num_workers}, item_concurrency={s.item_concurrency}, "
             f"prefetch_depth={s.prefetch_depth})"
         )
+
+
+def _rebuilt(given: dict[str, Any], seed: int, epoch: int, resume: Resume | None) -> DataLoader:
+    """A copy of a loader (see :meth:`DataLoader.__reduce__`)."""
+    loader = DataLoader(**given)
+    if not loader._order.seed_given:
+        loader._order.adopt_seed(seed)
+    loader._epoch, loader._resume = epoch, resume
+    return loader

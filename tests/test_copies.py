@@ -1,0 +1,153 @@
+"""A loader pickles and deep-copies as torch's does: its settings, dataset, sampler, seed and
+epoch count, never its threads, processes or the epoch in progress (``multiprocessing``'s
+spawn, Lightning's ``ddp_spawn`` and configuration systems copy loaders)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncloader import DataLoader, FileDataset, TarShards
+
+
+class Numbers:
+    """Item ``i`` is ``i`` (a sync dataset that pickles)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class AsyncNumbers(Numbers):
+    async def __getitem__(self, index: int) -> int:  # type: ignore[override]
+        return index
+
+
+COPIES: dict[str, Callable[[DataLoader], DataLoader]] = {
+    "pickle": lambda loader: pickle.loads(pickle.dumps(loader)),
+    "deepcopy": copy.deepcopy,
+}
+
+
+def batches(loader: DataLoader) -> list[list[int]]:
+    return [np.asarray(batch).tolist() for batch in loader]
+
+
+class Counting:
+    """A stream (no ``__getitem__``) that pickles."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        return iter(range(self.n))
+
+
+def double(index: int, item: Any) -> Any:
+    return item * 2
+
+
+@pytest.mark.parametrize("how", sorted(COPIES))
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DataLoader(Numbers(23), batch_size=4, shuffle=True),  # a seed from the OS
+        lambda: DataLoader(AsyncNumbers(23), batch_size=4, shuffle=True, seed=5, num_workers=2),
+        lambda: DataLoader(Numbers(23), batch_size=3, transform=double, cpu_threads=2),
+        lambda: DataLoader(Counting(10), batch_size=4),
+        lambda: DataLoader(Numbers(20), batch_size=4, shuffle=True, cpu_processes=1),
+    ],
+)
+def test_a_copy_gives_the_next_epochs_the_original_would_give(
+    how: str, make: Callable[[], DataLoader]
+) -> None:
+    # It failed: "cannot pickle '_thread.lock' object", fresh or after an epoch.
+    with make() as original:
+        first = batches(original)
+        iterator: Any = iter(original)
+        next(iterator)  # an epoch in progress is not the copy's
+        with COPIES[how](original) as copied:
+            assert copied.seed == original.seed
+            assert batches(copied) == batches(original)  # the epoch after the one in progress
+            assert batches(copied) == batches(original)
+        iterator.close()
+    assert len(first) > 1
+
+
+def test_a_copy_of_a_shard_loader_gives_its_next_epoch(tmp_path: Path) -> None:
+    for shard in range(4):
+        with tarfile.open(tmp_path / f"{shard}.tar", "w") as archive:
+            for i in range(10):
+                info = tarfile.TarInfo(f"{shard}{i:03d}.cls")
+                info.size = 1
+                archive.addfile(info, io.BytesIO(b"x"))
+    files = FileDataset([f"{shard}.tar" for shard in range(4)], root=tmp_path)
+    shards = TarShards(files, shuffle=True, shuffle_buffer=8)
+
+    def keys(loader: DataLoader) -> list[list[str]]:
+        return [[sample["__key__"] for sample in batch] for batch in loader]
+
+    with DataLoader(shards, batch_size=5, collate_fn=list, seed=3) as original:
+        first = keys(original)
+        iterator: Any = iter(original)
+        next(iterator)
+        with copy.deepcopy(original) as copied:
+            assert keys(copied) == keys(original) != first
+        iterator.close()
+
+
+def test_a_copy_carries_a_loaded_state() -> None:
+    with DataLoader(Numbers(23), batch_size=4, shuffle=True, seed=2) as saver:
+        iterator = iter(saver)
+        next(iterator), next(iterator)
+        state = saver.state_dict()
+        rest = [np.asarray(batch).tolist() for batch in iterator]
+    with DataLoader(Numbers(23), batch_size=4, shuffle=True, seed=2) as loader:
+        loader.load_state_dict(state)
+        for copied in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+            with copied:
+                assert batches(copied) == rest
+        assert batches(loader) == rest
+
+
+def test_a_copy_runs_on_threads_of_its_own() -> None:
+    with DataLoader(Numbers(40), batch_size=4, num_workers=2) as original:
+        iterator: Any = iter(original)
+        next(iterator)
+        copied = pickle.loads(pickle.dumps(original))
+        copied.close()  # the original's epoch goes on
+        assert len([next(iterator) for _ in range(9)]) == 9
+        iterator.close()
+
+
+def test_a_loader_of_what_cannot_be_pickled_says_what() -> None:
+    loader = DataLoader(Numbers(8), batch_size=4, transform=lambda index, item: item)
+    with loader, pytest.raises((pickle.PicklingError, AttributeError, TypeError), match="lambda"):
+        pickle.dumps(loader)
+
+
+def test_a_rank_left_to_the_environment_is_read_where_the_copy_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As a process started by spawn reads its own RANK: the copy made there is its rank's.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    given = DataLoader(Numbers(8), batch_size=2, rank=0, world_size=2)
+    found = DataLoader(Numbers(8), batch_size=2)
+    monkeypatch.setenv("RANK", "1")
+    assert copy.deepcopy(given).rank == 0
+    assert copy.deepcopy(found).rank == 1
+    assert batches(copy.deepcopy(found)) == [[1, 3], [5, 7]]
