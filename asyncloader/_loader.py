@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from ._state import Progress, Resume, check_json
 from ._stats import LoaderStats, Recorder
 from ._stream import StreamBatches, check_stream_settings, stream_kind
 from ._stream_epochs import StreamEpochs
+from ._torch_settings import check_torch_settings
 from ._transform import Transform
 from ._work import PickledWork, pickle_work
 from ._worker import Work
@@ -100,6 +102,19 @@ class DataLoader:
         max_errors: With ``errors="skip"``, the items an epoch may drop: a count, or a
             fraction of the epoch's items; one more raises :class:`SkipBudgetExceeded`
             listing the first failures. ``None``: no limit.
+        prefetch_factor: torch's batches loaded ahead by each worker: with it, the window is
+            torch's, ``num_workers * prefetch_factor`` batches (at least one beyond those in
+            work); exclusive with ``prefetch_depth``, and needs ``num_workers``, as in torch.
+        persistent_workers: Taken, as torch's: the loader's threads and worker processes
+            always persist across epochs.
+        in_order: Taken, as torch's: batches always come in order (``False`` allows
+            another order; it does not ask for one).
+        worker_init_fn: ``None`` only: there are no workers started as torch's; do the setup
+            before building the loader, or in the dataset when it first needs it.
+        multiprocessing_context: ``None`` only (``cpu_processes`` start from a fork server
+            of the loader's own).
+        pin_memory_device: ``""`` only (deprecated in torch: ``pin_memory`` pins for the
+            current accelerator).
 
     Raises:
         TypeError: A setting has the wrong type, or the dataset is neither a map-style dataset
@@ -131,6 +146,12 @@ class DataLoader:
         world_size: int | None = None,
         errors: ErrorPolicy = "raise",
         max_errors: int | float | None = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        worker_init_fn: None = None,
+        multiprocessing_context: None = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
     ) -> None:
         # What it was built with, as given: a copy is built again from it (__reduce__).
         self._given: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -152,6 +173,16 @@ class DataLoader:
             pin_memory=pin_memory,
             cpu_processes=cpu_processes,
         )
+        depth = check_torch_settings(
+            self._settings,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self._settings = dataclasses.replace(self._settings, prefetch_depth=depth)
         check_callable("transform", transform, ("index", "item"))
         check_callable("collate_fn", collate_fn, ("items",))
         self._order = Order(
