@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncloader import Template
+from asyncloader import FileDataset, HttpDataset, Template
 from asyncloader.datasets._locations import Locations, _url_escape
 
 PIECES = [*"/\\\x00.?#%:@ab&=;+ ", "%2e", "%2E", "..", "\u2215", "\u00e9"]
@@ -155,3 +156,20 @@ def test_an_index_written_as_digits_renders_as_the_general_path_does(
     general._digits = None
     assert (fast._digits is not None) == all(spec in DIGIT_SPECS for spec in specs)
     assert _outcome(fast, index) == _outcome(general, index)
+
+
+@pytest.mark.parametrize(
+    ("make", "hint"),
+    [
+        (lambda: HttpDataset("http://h/shard-{000000..000009}.tar"), "{index:06d} and length=10"),
+        (lambda: Template("shard-{000000..000099}.tar"), "{index:06d} and length=100"),
+        (lambda: FileDataset("/data/shard-{0..7}.tar"), "{index} and length=8"),
+        (lambda: Template("shard-{000010..000019}.tar"), "a list of the names"),
+    ],
+)
+def test_webdatasets_brace_range_fails_saying_what_to_write(make: Any, hint: str) -> None:
+    # A webdataset user's "shard-{000000..000009}.tar" failed as "not one string" or "not
+    # a plain name", saying nothing of the range.
+    with pytest.raises((TypeError, ValueError), match="is webdataset's brace range") as caught:
+        make()
+    assert hint in str(caught.value)

@@ -17,7 +17,7 @@ import os
 import re
 import string
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ._redact import redact_text
@@ -42,6 +42,24 @@ def _is_sequence(value: object) -> bool:
         and hasattr(value, "__getitem__")
         and not isinstance(value, str | bytes | bytearray)
     )
+
+
+_BRACES: Final = re.compile(r"\{(\d+)\.\.(\d+)\}")
+"""webdataset's brace range of shards: ``shard-{000000..000099}.tar``."""
+
+
+def _brace_hint(text: object) -> str:
+    """What to write instead of a brace range, if ``text`` has one (webdataset's habit)."""
+    found = _BRACES.search(text if isinstance(text, str) else "")
+    if found is None:
+        return ""
+    first, last = found.groups()
+    if int(first) != 0:
+        instead = "a list of the names"
+    else:
+        spec = f":0{len(first)}d" if len(first) > 1 else ""
+        instead = f"Template with {{index{spec}}} and length={int(last) + 1}, or a list"
+    return f"; {found.group(0)} is webdataset's brace range, not expanded here: {instead}"
 
 
 class Template:
@@ -82,7 +100,10 @@ class Template:
                 if conversion is not None:
                     raise ValueError(f"Template {shown}: conversions (!{conversion}) are refused")
                 if not field.isidentifier():
-                    raise ValueError(f"Template {shown}: field {{{field}}} is not a plain name")
+                    raise ValueError(
+                        f"Template {shown}: field {{{field}}} is not a plain name"
+                        + _brace_hint(pattern)
+                    )
                 if field != "index" and field not in columns:
                     raise ValueError(f"Template {shown}: no column named {field!r}")
                 if spec and ("{" in spec or "}" in spec):
@@ -250,7 +271,10 @@ class Locations:
                 self._relative = redact_text(source.pattern)
                 source.refuse_index_chars()
         elif isinstance(source, str | bytes):
-            raise TypeError("locations must be a list, a function or a Template, not one string")
+            raise TypeError(
+                "locations must be a list, a function or a Template, not one string"
+                + _brace_hint(source)
+            )
         elif _is_sequence(source):
             self._list = list(source)  # type: ignore[call-overload]
             if length is not None and length != len(self._list):
