@@ -9,6 +9,7 @@ import logging
 import os
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from ._collate import default_collate, unbatched
@@ -183,6 +184,18 @@ class DataLoader:
             in_order=in_order,
         )
         self._settings = dataclasses.replace(self._settings, prefetch_depth=depth)
+        # What torch's loader lets code read back, as given (collate_fn as it runs).
+        self._as_given = SimpleNamespace(
+            transform=transform,
+            collate_fn=default_collate if collate_fn is None else collate_fn,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
         check_callable("transform", transform, ("index", "item"))
         check_callable("collate_fn", collate_fn, ("items",))
         self._order = Order(
@@ -259,6 +272,19 @@ class DataLoader:
     num_workers = ReadOnly[int]("_settings", "Batches processed at once.")
     item_concurrency = ReadOnly[int]("_settings", "Requests in flight per num_workers.")
     prefetch_depth = ReadOnly[int]("_settings", "Batches beyond num_workers that may start ahead.")
+    cpu_threads = ReadOnly[int]("_settings", "Threads of the CPU pool.")
+    cpu_processes = ReadOnly[int]("_settings", "Worker processes of the CPU stage (0: none).")
+    timeout = ReadOnly["float | None"]("_settings", "Seconds to wait for one batch, or None.")
+    pin_memory = ReadOnly[bool]("_settings", "Whether torch batches are pinned.")
+    transform = ReadOnly[object]("_as_given", "The per-item transform, if one was given.")
+    collate_fn = ReadOnly[Callable[[list[Any]], Any]]("_as_given", "The collate function.")
+    generator = ReadOnly[object]("_as_given", "The torch.Generator given, if any.")
+    prefetch_factor = ReadOnly["int | None"]("_as_given", "torch's prefetch_factor, as given.")
+    persistent_workers = ReadOnly[bool]("_as_given", "As given (always so here).")
+    worker_init_fn = ReadOnly[None]("_as_given", "None: there are no workers as torch's.")
+    multiprocessing_context = ReadOnly[None]("_as_given", "None (see cpu_processes).")
+    pin_memory_device = ReadOnly[str]("_as_given", "As given (deprecated in torch).")
+    in_order = ReadOnly[bool]("_as_given", "As given (batches always come in order).")
     seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.")
     rank = ReadOnly[int]("_order", "This process's rank.")
     world_size = ReadOnly[int]("_order", "The number of ranks sharing each epoch.")

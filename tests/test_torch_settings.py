@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncloader import DataLoader
+from asyncloader import DataLoader, default_collate
 
 from .datasets import SyncData
 
@@ -74,3 +74,22 @@ def test_torchs_settings_that_mean_nothing_here_are_refused_saying_what_to_use(
 ) -> None:
     with pytest.raises(error, match=message):
         DataLoader(SyncData(4), **settings)
+
+
+def test_torchs_attributes_read_back() -> None:
+    # Code written for torch's loader reads them (loader.collate_fn, loader.timeout, ...):
+    # each was an AttributeError.
+    loader = DataLoader(
+        SyncData(8), batch_size=4, num_workers=2, prefetch_factor=3, persistent_workers=True
+    )
+    assert loader.collate_fn is default_collate
+    assert (loader.pin_memory, loader.timeout, loader.generator) == (False, None, None)
+    assert (loader.prefetch_factor, loader.persistent_workers, loader.in_order) == (3, True, True)
+    assert (loader.worker_init_fn, loader.multiprocessing_context) == (None, None)
+    assert loader.pin_memory_device == ""
+    assert (loader.cpu_processes, loader.transform) == (0, None)
+    assert loader.cpu_threads >= 1
+    own = DataLoader(SyncData(8), collate_fn=list, timeout=5)
+    assert (own.collate_fn, own.timeout) == (list, 5.0)
+    with pytest.raises(AttributeError, match="collate_fn is fixed"):
+        own.collate_fn = default_collate
