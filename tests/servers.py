@@ -55,6 +55,8 @@ class FaultServer:
         self.hits: Counter[str] = Counter()
         self.headers_seen: list[dict[str, str]] = []
         self.accepted: list[list[str]] = []
+        self.connections: set[tuple[str, int]] = set()
+        """The clients' (host, port) of every request: one for each connection."""
         """Each ``Accept-Encoding`` an ``/encoded`` request sent (all, if several)."""
         self.url = ""
         self.rng = random.Random(seed)
@@ -96,6 +98,8 @@ class FaultServer:
     def _hit(self, request: web.Request) -> None:
         self.hits[request.path] += 1
         self.headers_seen.append(dict(request.headers))
+        if request.transport is not None:
+            self.connections.add(request.transport.get_extra_info("peername"))
 
     async def ok(self, request: web.Request) -> web.Response:
         self._hit(request)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._settings import check_int, check_timeout
 from ._fast_urls import path_urls
 from ._locations import Locations
+from ._origins import Origins
 from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
@@ -230,6 +231,7 @@ class HttpDataset:
         if headers is not None and not isinstance(headers, Mapping):
             raise TypeError(f"headers must be a mapping of str to str, got {type(headers)}")
         self.headers = dict(headers or {})
+        self._origins = Origins()
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise TypeError("headers must be a mapping of str to str")
         _check_headers(self.headers)
@@ -426,6 +428,8 @@ class HttpDataset:
                 names = {name.lower() for name in extra}
                 kept = {k: v for k, v in self.headers.items() if k.lower() not in names}
                 headers = {**kept, **extra}
+            if type(url) is str and self._origins.close_after(url):
+                headers = {**(headers or {}), "Connection": "close"}
             for hop in range(self.max_redirects + 1):
                 request = (
                     session.get(target, allow_redirects=False, headers=headers)

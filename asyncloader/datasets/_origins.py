@@ -1,0 +1,45 @@
+"""Which requests keep their connection for the next one.
+
+aiohttp keeps every idle connection in its pool until its keep-alive time-out (15 s), however
+many there are: a dataset of URLs on many hosts (image URLs, one host each) holds one
+descriptor per host read in the last 15 s, and runs out of them (``EMFILE``) after about a
+thousand hosts. So once a dataset has met more than :data:`MANY` origins, the first request
+to each new origin asks the server to close the connection after it (``Connection: close``):
+only an origin met again keeps a connection, and the idle ones stay about as many as the
+origins a dataset reads more than once.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MANY: Final = 64
+"""Origins whose first requests keep their connections."""
+
+FORGOTTEN_AT: Final = 1 << 16
+"""Origins remembered at most: past it the record starts again (memory stays bounded; an
+origin met again then pays one more connection)."""
+
+
+class Origins:
+    """The origins a dataset's requests went to, and whether each was met again."""
+
+    def __init__(self) -> None:
+        self._met: dict[str, bool] = {}
+
+    def close_after(self, url: str) -> bool:
+        """Whether the request to ``url`` (a URL string) should close its connection: the
+        first to its origin once more than :data:`MANY` origins were met."""
+        start = url.find("//") + 2
+        end = url.find("/", start)
+        origin = url if end < 0 else url[:end]
+        met = self._met
+        again = met.get(origin)
+        if again is None:
+            if len(met) >= FORGOTTEN_AT:
+                met.clear()
+            met[origin] = False
+            return len(met) > MANY
+        if not again:
+            met[origin] = True
+        return False
