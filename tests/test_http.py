@@ -228,6 +228,8 @@ def test_invalid_settings_fail_at_construction(server: FaultServer) -> None:
         ({"If-None-Match": "*"}, "headers['If-None-Match'] decides what a GET answers"),
         ({"if-modified-since": "x"}, "headers['if-modified-since'] decides what a GET answers"),
         ({"If-Match": '"a"'}, "headers['If-Match'] decides what a GET answers"),
+        # Both went out: a server takes one of them, or the two joined.
+        ({"X-Api-Key": "a", "x-api-key": "b"}, "headers 'X-Api-Key' and 'x-api-key' are one"),
     ],
 )
 def test_headers_that_cannot_be_sent_as_they_are_fail_at_construction(

@@ -114,7 +114,14 @@ _CONDITIONS: Final = frozenset(
 def _check_headers(headers: dict[str, str]) -> None:
     """Refuse, naming the header but never echoing a value (it may be a secret), a header
     that cannot go out as it is."""
+    named: dict[str, str] = {}
     for name, value in headers.items():
+        other = named.setdefault(name.lower(), name)
+        if other != name:
+            raise ValueError(
+                f"headers {other[:40]!r} and {name[:40]!r} are one header (names are not "
+                "case-sensitive): give it once"
+            )
         if not _TOKEN.fullmatch(name):
             raise ValueError(f"headers: {name[:40]!r} is not a header name")
         if _CONTROL.search(value):
