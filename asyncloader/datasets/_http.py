@@ -625,8 +625,10 @@ _closing: set[asyncio.Future[None]] = set()
 
 def _field(response: aiohttp.ClientResponse, name: str) -> str:
     """The header ``name``'s values, lower-cased, as one list: ``""`` when it has none."""
-    values = response.headers.getall(name, ())
-    return ", ".join(value.strip() for value in values).lower()
+    values = response.headers.getall(name, None)
+    if values is None:  # most responses: no such header
+        return ""
+    return ", ".join([value.strip() for value in values]).lower()
 
 
 def _close_later(keeper: AsyncGenerator[None, None]) -> None:
