@@ -568,6 +568,9 @@ class HttpDataset:
         """Refuse a body that aiohttp would hand over still encoded: a transfer coding but
         chunked, or a content coding it does not decode. Several fields of one name are one
         list (RFC 9110, 5.3), of which aiohttp decodes only one."""
+        headers = response.headers
+        if "Transfer-Encoding" not in headers and "Content-Encoding" not in headers:
+            return  # most bodies, checked once an item: nothing more to read
         transfer = _field(response, "Transfer-Encoding")
         if transfer and transfer != "chunked":
             raise AttemptFailed(
@@ -585,8 +588,10 @@ class HttpDataset:
         """Refuse a body whose ``Content-Length`` is over ``max_bytes`` before reading it (an
         encoded one is checked as it is decoded)."""
         declared = response.content_length
+        if self.max_bytes is None or declared is None:
+            return
         encoding = _field(response, "Content-Encoding")
-        if self.max_bytes is None or declared is None or encoding not in ("", "identity"):
+        if encoding not in ("", "identity"):
             return
         if declared > self.max_bytes:
             raise AttemptFailed(
