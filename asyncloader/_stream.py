@@ -74,12 +74,24 @@ def is_stateful(dataset: object) -> bool:
     )
 
 
+def stream_length(dataset: object) -> int | None:
+    """The stream's ``len()``, or ``None`` if it has none: no ``__len__``, or one that
+    raises ``TypeError`` (torch's ``ChainDataset`` of streams without a length does) or
+    ``NotImplementedError``."""
+    if not hasattr(dataset, "__len__"):
+        return None
+    try:
+        return len(dataset)
+    except (TypeError, NotImplementedError):
+        return None
+
+
 def check_stream_settings(
     dataset: object, shuffle: object, sampler: object, batch_sampler: object, max_errors: object
 ) -> None:
     """Refuse the settings that order a map-style dataset's indices (a stream has none), and
     a fraction of an epoch's items for a stream that does not say how many it has."""
-    if isinstance(max_errors, float) and not hasattr(dataset, "__len__"):
+    if isinstance(max_errors, float) and stream_length(dataset) is None:
         raise ValueError(
             f"max_errors={max_errors} is a fraction of the epoch's items, and this stream has "
             "no __len__: give a count"

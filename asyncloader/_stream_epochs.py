@@ -24,7 +24,15 @@ from ._pool import ThreadPool
 from ._sampler import batch_count
 from ._settings import Settings
 from ._state import FORMAT, Progress, Resume, check_layout, check_one_moment
-from ._stream import StreamBatches, StreamInfo, StreamKind, StreamReader, is_stateful, telling
+from ._stream import (
+    StreamBatches,
+    StreamInfo,
+    StreamKind,
+    StreamReader,
+    is_stateful,
+    stream_length,
+    telling,
+)
 
 if TYPE_CHECKING:
     from ._order import Order
@@ -155,7 +163,7 @@ class StreamEpochs:
             drop_last=self._settings.drop_last,
             world_size=self._order.world_size,
             stateful=is_stateful(dataset),
-            length=len(dataset) if hasattr(dataset, "__len__") else None,
+            length=stream_length(dataset),
         )
 
     def length(self) -> int:
@@ -164,10 +172,11 @@ class StreamEpochs:
         Raises:
             TypeError: The stream has no ``__len__``.
         """
-        if not hasattr(self.dataset, "__len__"):
+        length = stream_length(self.dataset)
+        if length is None:
             raise TypeError(f"{type(self.dataset).__name__} is a stream with no __len__")
         settings = self._settings
-        return batch_count(len(self.dataset), settings.batch_size, settings.drop_last)
+        return batch_count(length, settings.batch_size, settings.drop_last)
 
     def state(self, progress: Progress | None, next_epoch: int) -> dict[str, Any]:
         """The position after what the consumer received (:meth:`DataLoader.state_dict`)."""
@@ -252,7 +261,7 @@ class StreamEpochs:
         first = resume.batches if resume is not None else 0
         own_state = resume is not None and resume.state["source"] is not None
         info = self._info(epoch, order.seed)
-        length = len(self.dataset) if hasattr(self.dataset, "__len__") else None
+        length = stream_length(self.dataset)
         reader = StreamReader(
             self.dataset,
             self.kind,

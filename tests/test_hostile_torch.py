@@ -151,3 +151,15 @@ def test_exit_with_an_iterator_whose_transform_runs_torch_does_not_abort() -> No
     ended = [child.communicate(timeout=120) for child in children]
     assert [child.returncode for child in children] == [0] * 4, [err[-500:] for _, err in ended]
     assert all(out.strip() == "done" for out, _ in ended)
+
+
+def test_a_chain_of_torch_streams_without_a_length_runs() -> None:
+    # torch's ChainDataset has a __len__ that raises TypeError when its parts have none:
+    # every epoch failed at iter() with it.
+    class Part(torch.utils.data.IterableDataset[int]):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(5))
+
+    chain = torch.utils.data.ChainDataset([Part(), Part()])
+    with DataLoader(chain, batch_size=4) as loader:
+        assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 0, 1, 2], [3, 4]]

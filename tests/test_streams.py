@@ -124,6 +124,25 @@ def test_len_is_the_streams_batches_when_it_has_a_len_and_a_type_error_otherwise
     unsized_epoch.close()
 
 
+class Unsized(Numbers):
+    """A stream whose ``__len__`` raises ``TypeError``, as torch's ``ChainDataset`` of
+    streams without a length does: it has no length."""
+
+    def __len__(self) -> int:
+        raise TypeError("object of type 'Part' has no len()")
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_stream_whose_len_raises_type_error_has_no_len_and_runs(workers: int) -> None:
+    # Every epoch failed at iter() with the TypeError: the loader asked its length first.
+    with DataLoader(Unsized(10), batch_size=4, num_workers=workers) as loader:
+        assert [batch.tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+        with pytest.raises(TypeError, match="no __len__"):
+            len(loader)
+    with pytest.raises(ValueError, match="no __len__: give a count"):
+        DataLoader(Unsized(10), errors="skip", max_errors=0.5)
+
+
 class Lying(Numbers):
     """A stream whose ``__len__`` is not its count of items."""
 
