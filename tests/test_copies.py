@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import multiprocessing
 import pickle
 import tarfile
 from collections.abc import Callable
@@ -151,3 +152,23 @@ def test_a_rank_left_to_the_environment_is_read_where_the_copy_is_made(
     assert copy.deepcopy(given).rank == 0
     assert copy.deepcopy(found).rank == 1
     assert batches(copy.deepcopy(found)) == [[1, 3], [5, 7]]
+
+
+def _epoch_in_child(loader: DataLoader, queue: Any) -> None:
+    queue.put(batches(loader))
+
+
+def test_a_loader_handed_to_a_spawned_process_runs_there() -> None:
+    loader = DataLoader(Numbers(10), batch_size=4, shuffle=True, num_workers=2)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_epoch_in_child, args=(loader, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=120)
+    finally:
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert got == batches(loader)  # its first epoch, as here
