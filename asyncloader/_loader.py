@@ -21,6 +21,7 @@ from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
 from ._settings import ReadOnly, Settings, check_callable, check_int
+from ._shared import held_limit
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
 from ._source import Source, is_async_dataset
 from ._state import Progress, Resume, check_json
@@ -259,7 +260,8 @@ class DataLoader:
                 "flight, use an async dataset (its requests stay on the event loop)"
             )
         dataset = self._dataset if fetched_there else None
-        return pickle_work(Work(dataset, self._transform, self._collate, self._skip))
+        held = held_limit(self._settings.cpu_processes)
+        return pickle_work(Work(dataset, self._transform, self._collate, self._skip, held))
 
     @property
     def dataset(self) -> Any:

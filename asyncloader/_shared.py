@@ -19,6 +19,7 @@ import io
 import mmap
 import os
 import pickle
+import resource
 import sys
 import tempfile
 import weakref
@@ -33,6 +34,39 @@ _KEEP_FREE: Final = 1
 """Free segments a worker keeps for reuse; more are closed. A worker makes one batch at a
 time, and a consumer drops batches one at a time, in order: one free segment is the next
 batch's; each more kept is a batch of idle memory."""
+
+HELD_MAX: Final = 1024
+"""The most segments of a worker's that the loader holds at once (each a mapping in both
+processes). Past the limit a batch is written to ordinary memory and pickled in band, one
+copy: a consumer that keeps every batch (``list(loader)``) would otherwise take a mapping
+per batch until the process had none left (``vm.max_map_count``), or a descriptor per
+batch (below) until it had none of those."""
+
+
+def held_limit(processes: int) -> int:
+    """How many segments each of ``processes`` workers may leave with the loader at once.
+
+    :data:`HELD_MAX`; before Python 3.13 a mapping keeps a descriptor of its own in each
+    process, so fewer where the descriptors would run out: half the process's limit is
+    left for everything else it opens.
+    """
+    if sys.version_info >= (3, 13):
+        return HELD_MAX
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return HELD_MAX
+    return max(4, min(HELD_MAX, soft // (2 * max(processes, 1))))
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    """``fd``'s memory mapped shared; from Python 3.13 the mapping keeps no descriptor."""
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, size, trackfd=False)
+    return mmap.mmap(fd, size)
+
+
+_ALIGN: Final = 64
+"""Where each buffer copied into shared memory starts: any dtype's alignment, a cache line."""
 
 Ref = tuple[int, int, int]
 """A buffer in a segment: ``(segment, offset, bytes)``."""
@@ -60,9 +94,16 @@ class _Segment:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.fd = anonymous(size)
-        self.map = mmap.mmap(self.fd, size)
+        self.fd: int | None = anonymous(size)
+        """The descriptor until it is handed to the loader; the mapping is what stays."""
+        self.map = _map(self.fd, size)
         self.address = _address(memoryview(self.map))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.map.close()
 
 
 class Arena:
@@ -71,7 +112,9 @@ class Arena:
     Only the worker's one thread uses it: :meth:`empty` during a job, :meth:`pack` at its end.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, held: int = HELD_MAX) -> None:
+        self.held = held
+        """Segments the loader may hold at once (:func:`held_limit`)."""
         self.control_fd = anonymous(CONTROL_SIZE)
         self.control = mmap.mmap(self.control_fd, CONTROL_SIZE)
         self.segments: dict[int, _Segment] = {}
@@ -83,13 +126,15 @@ class Arena:
         self._dropped: list[int] = []
         """Segments closed since the last result that the loader had mapped."""
 
-    def empty(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def empty(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
         """``nbytes`` of shared memory for this job's batch: a free segment of about that
-        size, or a new one."""
+        size, or a new one; ``None`` when the loader holds as many as it may."""
         number = self._take(nbytes)
+        if number is None:
+            return None
         return np.frombuffer(self.segments[number].map, dtype=np.uint8, count=nbytes)
 
-    def _take(self, nbytes: int) -> int:
+    def _take(self, nbytes: int) -> int | None:
         free = [
             (segment.size, number)
             for number, segment in self.segments.items()
@@ -97,11 +142,19 @@ class Arena:
             and number not in self._claimed
             and self.control[number] == 0
         ]
-        best = min(free)[1] if free else None
-        if best is None:
+        if free:
+            best = min(free)[1]
+        elif self._room():
             best = self._create(nbytes)
+        else:
+            return None
         self._claimed.add(best)
         return best
+
+    def _room(self) -> bool:
+        """Whether one more segment may go to the loader."""
+        taken = sum(self.control[number] for number in self.segments) + len(self._claimed)
+        return taken < self.held
 
     def _create(self, nbytes: int) -> int:
         self._trim(_KEEP_FREE - 1)  # room for the new one among the free
@@ -120,59 +173,92 @@ class Arena:
             if self.control[number] == 0 and number not in self._claimed
         ]
         for number in free[: max(0, len(free) - keep)]:
-            segment = self.segments.pop(number)
-            os.close(segment.fd)
-            segment.map.close()
+            self.segments.pop(number).close()
             if number in self._new:
                 self._new.remove(number)
             else:
                 self._dropped.append(number)
 
-    def _locate(self, buffer: memoryview) -> Ref:
+    def _within(self, buffer: memoryview) -> Ref | None:
+        """Where ``buffer`` lies in a segment of this job's, if it does."""
         address, nbytes = _address(buffer), buffer.nbytes
         for number in self._claimed:
             segment = self.segments[number]
             if segment.address <= address and address + nbytes <= segment.address + segment.size:
                 return number, address - segment.address, nbytes
-        number = self._take(nbytes)  # not written in shared memory: one copy into it
-        self.segments[number].map[:nbytes] = buffer
-        return number, 0, nbytes
+        return None
+
+    def _copy(self, buffers: list[memoryview]) -> list[Ref]:
+        """``buffers`` copied into one segment: one, however many arrays a batch holds (a
+        segment each was a descriptor and a mapping each)."""
+        offsets, end = [], 0
+        for buffer in buffers:
+            offsets.append(end)
+            end += -(-buffer.nbytes // _ALIGN) * _ALIGN
+        number = self._take(end)
+        assert number is not None  # room was there when the pickling started, and is still
+        memory = self.segments[number].map
+        for buffer, offset in zip(buffers, offsets, strict=True):
+            memory[offset : offset + buffer.nbytes] = buffer.cast("B")
+        return [(number, at, buffer.nbytes) for buffer, at in zip(buffers, offsets, strict=True)]
 
     def pack(self, value: Any) -> tuple[bytes, list[Ref], list[tuple[int, int]], list[int]]:
-        """Pickle ``value`` with its buffers in shared memory.
+        """Pickle ``value`` with its buffers in shared memory (in band once the loader
+        holds as many segments as it may).
 
         Returns:
             The pickle, its buffers' references, the segments created since the last call
             (``(number, size)``: their descriptors go to the loader with the result) and the
             numbers of the segments closed since.
         """
-        refs: list[Ref] = []
+        refs: list[Ref | None] = []
+        elsewhere: list[tuple[int, memoryview]] = []
+        in_band = not self._room()
 
         def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-            refs.append(self._locate(buffer.raw()))
+            raw = buffer.raw()
+            ref = self._within(raw)
+            if ref is None and in_band:
+                return True
+            if ref is None:
+                elsewhere.append((len(refs), raw))
+            refs.append(ref)
             return False
 
         try:
             stream = io.BytesIO()
             _Pickler(stream, out_of_band).dump(value)
+            if elsewhere:
+                copied = self._copy([raw for _, raw in elsewhere])
+                for (at, _), ref in zip(elsewhere, copied, strict=True):
+                    refs[at] = ref
         except BaseException:
             self.release()
             raise
-        for number in {ref[0] for ref in refs}:
+        placed = [ref for ref in refs if ref is not None]
+        for number in {ref[0] for ref in placed}:
             self.control[number] = 1  # the loader's until it drops the last view
         self._claimed.clear()
         self._trim(_KEEP_FREE)
         new = [(number, self.segments[number].size) for number in self._new]
         dropped, self._new, self._dropped = self._dropped, [], []
-        return stream.getvalue(), refs, new, dropped
+        return stream.getvalue(), placed, new, dropped
 
     def release(self) -> None:
         """Free the segments claimed by a job that failed (they stay for reuse)."""
         self._claimed.clear()
 
-    def fds(self, numbers: list[int]) -> list[int]:
-        """The descriptors of segments ``numbers``."""
-        return [self.segments[number].fd for number in numbers]
+    def hand_over(self, numbers: list[int]) -> list[int]:
+        """The descriptors of new segments ``numbers``, now the caller's to send to the loader
+        and close: the worker keeps only its mappings, so a segment the loader holds costs
+        the worker no descriptor."""
+        fds = []
+        for number in numbers:
+            segment = self.segments[number]
+            assert segment.fd is not None
+            fds.append(segment.fd)
+            segment.fd = None
+        return fds
 
 
 class _Pickler(pickle.Pickler):
@@ -237,7 +323,10 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any] | None:
     count = 1
     for dim in shape:
         count *= dim
-    array: np.ndarray[Any, Any] = _arena.empty(count * dtype.itemsize).view(dtype)
+    memory = _arena.empty(count * dtype.itemsize)
+    if memory is None:  # the loader holds as many of the worker's segments as it may
+        return None
+    array: np.ndarray[Any, Any] = memory.view(dtype)
     return array.reshape(shape)
 
 
@@ -261,7 +350,7 @@ class Mapped:
         for number in dropped:
             self.maps.pop(number, None)
         for (number, size), fd in zip(new, fds, strict=True):
-            self.maps[number] = mmap.mmap(fd, size)
+            self.maps[number] = _map(fd, size)
             os.close(fd)
 
     def unpack(self, data: bytes, refs: list[Ref]) -> Any:

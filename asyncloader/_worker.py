@@ -62,6 +62,8 @@ class Work:
     collate: Any
     skip: bool
     """``errors="skip"``: failing items are dropped, and reported with the batch."""
+    held: int
+    """Segments a worker may leave with the loader at once (:func:`held_limit`)."""
 
 
 class _Collect:
@@ -106,7 +108,7 @@ def _run(work: Work, job: Job, arena: Arena) -> tuple[tuple[Any, ...], list[int]
         )
         data, refs, new, dropped = arena.pack(batch)
         skipped = [] if collect is None else collect.skipped
-        return ("ok", data, refs, new, dropped, tally.tally(), skipped), arena.fds(
+        return ("ok", data, refs, new, dropped, tally.tally(), skipped), arena.hand_over(
             [number for number, _ in new]
         )
     # BaseException: a SystemExit from the user's code (a library that exits on bad input)
@@ -145,7 +147,7 @@ def load_work(fd: int, layout: Layout) -> Work:
 def serve(conn: Connection, work: Work) -> None:
     """The worker's life, with the work loaded: run jobs until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arena = Arena()
+    arena = Arena(work.held)
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.
     sock = socket.socket(fileno=os.dup(conn.fileno()))
@@ -163,7 +165,11 @@ def serve(conn: Connection, work: Work) -> None:
             conn.send_bytes(pickle.dumps(reply, protocol=5))
             del reply
             if fds:
-                socket.send_fds(sock, [b"F"], fds)
+                try:
+                    socket.send_fds(sock, [b"F"], fds)
+                finally:
+                    for fd in fds:  # the loader has its own now; the mapping stays here
+                        os.close(fd)
     except (EOFError, OSError):  # the loader is gone
         return
     finally:

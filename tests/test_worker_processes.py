@@ -725,6 +725,43 @@ def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> Non
         assert _shm() == before, f"{how}: left in /dev/shm: {_shm() - before}"
 
 
+@pytest.mark.timeout(120)
+def test_batches_all_kept_need_no_descriptor_or_mapping_each() -> None:
+    # Under a descriptor limit of 256: a consumer that keeps 1,500 batches, and a batch of
+    # 600 arrays (collate_fn=list), each of which took a shared segment with a descriptor.
+    script = """
+    import resource
+    import numpy as np
+    from asyncloader._shared import held_limit
+
+    def segments():
+        with open("/proc/self/maps") as maps:
+            return sum("memfd:asyncloader " in line for line in maps)
+
+    if __name__ == "__main__":
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        images = proc_data.Images(1500, size=2)
+        with DataLoader(images, batch_size=1, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0)  # every batch a worker's
+            kept = list(loader)
+            assert len(kept) == 1500
+            for n, batch in enumerate(kept):
+                assert np.array_equal(batch[0], images[n]), n
+            assert segments() <= held_limit(1) + 8, segments()
+        with DataLoader(images, batch_size=600, cpu_processes=1, collate_fn=list) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0)
+            kept = list(loader)
+            assert [len(batch) for batch in kept] == [600, 600, 300]
+            for n, item in enumerate(item for batch in kept for item in batch):
+                assert np.array_equal(item, images[n]), n
+        print("ok")
+    """
+    result = _child(script, timeout=100)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "ok"
+
+
 RUNNING = """
 loader = DataLoader(proc_data.Images(10**6), batch_size=8, cpu_processes=2,
                     transform=proc_data.spin)
