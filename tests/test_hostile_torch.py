@@ -156,7 +156,7 @@ def test_exit_with_an_iterator_whose_transform_runs_torch_does_not_abort() -> No
 def test_a_chain_of_torch_streams_without_a_length_runs() -> None:
     # torch's ChainDataset has a __len__ that raises TypeError when its parts have none:
     # every epoch failed at iter() with it.
-    class Part(torch.utils.data.IterableDataset[int]):
+    class Part(torch.utils.data.IterableDataset[int]):  # type: ignore[misc,unused-ignore]
         def __iter__(self) -> Iterator[int]:
             return iter(range(5))
 
