@@ -27,6 +27,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from ._mapping import KEEPS_DESCRIPTOR, map_fd
+
 CONTROL_SIZE: Final = 4096
 """One control byte per segment: 1 while the loader may still use it."""
 
@@ -50,19 +52,12 @@ def held_limit(processes: int) -> int:
     process, so fewer where the descriptors would run out: half the process's limit is
     left for everything else it opens.
     """
-    if sys.version_info >= (3, 13):
+    if not KEEPS_DESCRIPTOR:
         return HELD_MAX
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         return HELD_MAX
     return max(4, min(HELD_MAX, soft // (2 * max(processes, 1))))
-
-
-def _map(fd: int, size: int) -> mmap.mmap:
-    """``fd``'s memory mapped shared; from Python 3.13 the mapping keeps no descriptor."""
-    if sys.version_info >= (3, 13):
-        return mmap.mmap(fd, size, trackfd=False)
-    return mmap.mmap(fd, size)
 
 
 _ALIGN: Final = 64
@@ -96,7 +91,7 @@ class _Segment:
         self.size = size
         self.fd: int | None = anonymous(size)
         """The descriptor until it is handed to the loader; the mapping is what stays."""
-        self.map = _map(self.fd, size)
+        self.map = map_fd(self.fd, size)
         self.address = _address(memoryview(self.map))
 
     def close(self) -> None:
@@ -350,7 +345,7 @@ class Mapped:
         for number in dropped:
             self.maps.pop(number, None)
         for (number, size), fd in zip(new, fds, strict=True):
-            self.maps[number] = _map(fd, size)
+            self.maps[number] = map_fd(fd, size)
             os.close(fd)
 
     def unpack(self, data: bytes, refs: list[Ref]) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -166,6 +167,35 @@ def test_mapped_bytes_are_counted_in_the_statistics(folder: Path) -> None:
     ) as loader:
         assert [len(item) for batch in loader for item in batch] == [4000, 5000]
         assert loader.stats().bytes == 9000
+
+
+def test_mapped_items_kept_past_the_descriptor_limit(tmp_path: Path) -> None:
+    for n in range(300):
+        (tmp_path / f"{n}.bin").write_bytes(bytes([n % 251]) * 100)
+    data = FileDataset([f"{n}.bin" for n in range(300)], root=tmp_path, mmap=True)
+    before = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (before + 200, hard))
+    kept: list[Any] = []
+    try:
+        for n in range(300):
+            try:
+                kept.append(data[n])
+            except OSError as error:
+                kept.append(error)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    mapped = [item for item in kept if isinstance(item, mmap.mmap)]
+    assert all(bytes(item) == bytes([n % 251]) * 100 for n, item in enumerate(mapped))
+    if sys.version_info >= (3, 13):  # a map keeps no descriptor
+        assert len(mapped) == 300
+        assert len(os.listdir("/proc/self/fd")) == before
+    else:  # each map keeps one: the items past the limit fail, saying why
+        assert 150 < len(mapped) < 300
+        failed = [item for item in kept if isinstance(item, OSError)]
+        assert len(failed) == 300 - len(mapped)
+        assert all("mmap=True keeps a descriptor open" in str(error) for error in failed)
+        assert all(f"{n}.bin" in str(kept[n]) for n in range(len(mapped), 300))
 
 
 def test_mmap_must_be_a_bool(folder: Path) -> None:

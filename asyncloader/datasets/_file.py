@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import IO, Final
 
+from .._mapping import KEEPS_DESCRIPTOR, map_fd
 from ._http import _check_max_bytes
 from ._locations import Locations
 from ._open import open_regular
@@ -34,6 +35,12 @@ _TRANSIENT_ERRNOS: Final = frozenset({errno.EINTR, errno.EAGAIN, errno.ETIMEDOUT
 _MAP_FLAGS: Final = _mmap.MAP_SHARED | getattr(_mmap, "MAP_POPULATE", 0)
 """Shared (no copy on write: the map is read-only); populated at once where the system can
 (Linux), so that the I/O thread, not the training step, takes the page faults."""
+
+
+_HELD_MAPS: Final = (
+    "before Python 3.13 each item of mmap=True keeps a descriptor open while you hold it "
+    "(see `ulimit -n`): hold fewer, or copy what you keep (bytes(item))"
+)
 
 
 class FileDataset:
@@ -54,7 +61,9 @@ class FileDataset:
         mmap: Map each file into memory instead of reading it: an item is a read-only
             :class:`mmap.mmap` (a bytes-like buffer: ``len``, slices, ``memoryview``,
             ``numpy.frombuffer``) over the file's cached pages, with no copy; ``bytes(item)``
-            copies it. An empty file is ``b""``. The map lives as long as you hold the item.
+            copies it. An empty file is ``b""``. The map lives as long as you hold the item
+            (before Python 3.13 with a descriptor open: mind ``ulimit -n`` when you keep
+            many).
             For files that nothing truncates while they are read: touching a map whose file
             was cut short kills the process with ``SIGBUS``, as with any memory map.
 
@@ -167,12 +176,14 @@ class FileDataset:
                 self._check_size(location, size)
                 if self.mmap and size > 0:
                     # The map keeps the file's pages; the descriptor can close at once.
-                    return _mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
+                    return map_fd(fd, size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
                 # A size of 0 may be a file of the kernel's (/proc) whose data only a read gets.
                 return self._read(file, location)
         except AttemptFailed:
             raise
         except OSError as error:
+            if error.errno == errno.EMFILE and self.mmap and KEEPS_DESCRIPTOR:
+                error = OSError(error.errno, f"{error.strerror}: {_HELD_MAPS}", location)
             raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
 
     def _read(self, file: io.FileIO, path: str) -> bytes:
