@@ -57,16 +57,21 @@ class Skipper:
     def __init__(self, budget: int | None, recorder: Recorder) -> None:
         self.budget = budget
         self.recorder = recorder
+        self.skipped = 0
         self.failures: list[tuple[int, str]] = []
+        """The first failures, which an error over the budget lists: only they are kept, so
+        an epoch that skips millions of items holds no reason for each."""
         self._lock = threading.Lock()
 
     def skip(self, index: int, error: BaseException) -> None:
         """Drop item ``index``; raise :class:`SkipBudgetExceeded` once over the budget."""
         reason = f"{type(error).__name__}: {error}"
         with self._lock:
-            self.failures.append((index, reason))
-            skipped = len(self.failures)
-            failures = list(self.failures[:_LISTED])
+            self.skipped += 1
+            skipped = self.skipped
+            if len(self.failures) < _LISTED:
+                self.failures.append((index, reason))
+            failures = list(self.failures)
         logger.warning("skipped item %d: %s", index, reason)
         self.recorder.add_skipped(1)
         if self.budget is not None and skipped > self.budget:

@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 import time
+import tracemalloc
 import uuid
 from typing import Any
 
@@ -360,6 +361,26 @@ def test_the_budget_holds_with_batches_in_parallel() -> None:
     assert over  # the 4th and 5th failures are over the budget of 3
     assert {index for error in over for index, _ in error.failures} <= data.fail_at
     assert loader.stats().skipped == 5
+
+
+def test_an_epoch_of_skipped_items_holds_no_memory_for_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each skipped item's reason was kept until the epoch ended, though only the first ten
+    # are ever shown: 20,000 reasons of 1 KB held 20 MB.
+    def transform(index: int, item: int) -> int:
+        raise ValueError("cannot decode " + "x" * 1000)
+
+    caplog.set_level(logging.ERROR, logger="asyncloader")  # no record kept by the capture
+    with DataLoader(SyncData(20_000), batch_size=100, errors="skip", transform=transform) as loader:
+        tracemalloc.start()
+        try:
+            assert sum(len(batch) for batch in loader) == 0
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert loader.stats().skipped == 20_000
+    assert held < 1_000_000
 
 
 def test_skip_settings_are_validated() -> None:
