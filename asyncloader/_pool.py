@@ -125,13 +125,33 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._inline = False
+        """Whether a job ran on the caller's thread, since no thread could start."""
         _pools.add(self)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on a pool thread; cancelling the caller skips a job not yet begun."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._put(fn, args, loop, future)
+        try:
+            self._put(fn, args, loop, future)
+        except RuntimeError as error:
+            if self._closed:
+                raise
+            # Not one thread of it could start (the system gives no more): the event loop's
+            # thread runs the job, as it runs work cheaper than a hop; slower, not failed.
+            if not self._inline:
+                self._inline = True
+                logger.warning(
+                    "asyncloader: %s pool could start no thread (%s): its jobs run on the "
+                    "event loop's thread",
+                    self.name,
+                    error,
+                )
+            try:
+                return fn(*args)
+            except (StopIteration, StopAsyncIteration) as stop:  # a coroutine refuses them
+                raise escaped(stop) from stop
         return await future
 
     def submit(self, fn: Callable[..., object], *args: Any) -> None:
@@ -152,10 +172,33 @@ class ThreadPool:
         # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
         # datasets find the epoch's statistics in it.
         job = (contextvars.copy_context().run, (fn, *args), loop, future)
-        self._jobs.put((priority.get(), next(self._order), job))
+        entry = (priority.get(), next(self._order), job)
+        self._jobs.put(entry)
         # A thread that finished a job released `_ready`: reuse it before starting another.
         if not self._ready.acquire(blocking=False):
-            self._start_thread()
+            try:
+                self._start_thread()
+            except RuntimeError:
+                if self._withdraw(entry):  # no thread will ever run it: refused, not kept
+                    raise
+
+    def _withdraw(self, entry: _Entry) -> bool:
+        """Take back a queued job that no thread can run (none could start); whether it was
+        still queued (a thread that started since may have taken it)."""
+        found = False
+        kept = []
+        with self._lock:
+            while not self._jobs.empty():
+                queued = self._jobs.get_nowait()
+                if queued is entry:
+                    found = True
+                else:
+                    kept.append(queued)
+            for queued in kept:
+                self._jobs.put(queued)
+        if found:
+            self._counter.add(-1)
+        return found
 
     def _start_thread(self) -> None:
         with self._lock:
@@ -167,7 +210,21 @@ class ThreadPool:
                 name=f"{self.name}-{len(self._threads)}",
                 daemon=True,
             )
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as error:  # the system gives no more threads
+                if not self._threads:
+                    raise
+                # Those running take the jobs: fewer at once, nothing failed for it.
+                logger.warning(
+                    "asyncloader: %s pool runs %d threads, not %d: %s",
+                    self.name,
+                    len(self._threads),
+                    self.max_threads,
+                    error,
+                )
+                self.max_threads = len(self._threads)
+                return
             self._threads.append(thread)
 
     def owns(self, thread: threading.Thread) -> bool:

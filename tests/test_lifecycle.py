@@ -313,3 +313,52 @@ async def test_aclose_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dat
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert ended == ["finally"]
     assert stream.ag_frame is None
+
+
+_FEW_THREADS = """
+import logging, re, resource, sys, threading
+from asyncloader import DataLoader
+from tests.datasets import SyncData
+
+logging.basicConfig(level=logging.WARNING)
+# Each thread reserves 128 MiB of address space: under a limit of 640 MiB more than this
+# process maps now, three can start, where the loader's settings want 35.
+threading.stack_size(128 * 2**20)
+with open("/proc/self/status") as status:
+    mapped = int(re.search(r"VmSize:\\s+(\\d+)", status.read()).group(1)) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 640 * 2**20, resource.RLIM_INFINITY))
+with DataLoader(SyncData(512), batch_size=16, num_workers=4, item_concurrency=8) as loader:
+    batches = []
+    iterator = iter(loader)
+    while True:
+        try:
+            batches.append(next(iterator).tolist())
+        except StopIteration:
+            break
+        except Exception as error:
+            batches.append(repr(error))
+assert batches == [list(range(n, n + 16)) for n in range(0, 512, 16)], batches[:3]
+print(threading.active_count() < 10)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_threads_the_system_will_not_start_fail_no_batch() -> None:
+    # Batches failed with "can't start new thread" where the threads already running (or
+    # the event loop's, for a pool that got none) could do their work.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run(
+        [sys.executable, "-c", _FEW_THREADS],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True"]
+    # Each said once: the I/O pool took what threads there were, the CPU pool got none.
+    assert result.stderr.count("asyncloader-io pool runs 2 threads, not 32") == 1, result.stderr
+    assert result.stderr.count("asyncloader-cpu pool could start no thread") == 1
