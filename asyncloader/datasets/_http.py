@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._settings import check_int, check_timeout
 from ._fast_urls import path_urls
 from ._locations import Locations
-from ._origins import Origins
+from ._origins import Origins, connection_limit
 from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
@@ -275,7 +275,7 @@ class HttpDataset:
             del self._sessions[key]  # a loop closed without closing its generators
         client = self._aiohttp
         session: aiohttp.ClientSession = client.ClientSession(
-            connector=client.TCPConnector(limit=0, limit_per_host=0),
+            connector=client.TCPConnector(limit=connection_limit(), limit_per_host=0),
             timeout=client.ClientTimeout(total=self.timeout),
             cookie_jar=client.DummyCookieJar(),
         )

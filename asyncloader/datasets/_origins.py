@@ -1,4 +1,4 @@
-"""Which requests keep their connection for the next one.
+"""Which requests keep their connection for the next one, and how many connections open.
 
 aiohttp keeps every idle connection in its pool until its keep-alive time-out (15 s), however
 many there are: a dataset of URLs on many hosts (image URLs, one host each) holds one
@@ -7,10 +7,15 @@ thousand hosts. So once a dataset has met more than :data:`MANY` origins, the fi
 to each new origin asks the server to close the connection after it (``Connection: close``):
 only an origin met again keeps a connection, and the idle ones stay about as many as the
 origins a dataset reads more than once.
+
+Each connection open is a descriptor too: a session opens at most half as many as the
+process may (:func:`connection_limit`), so that more requests in flight than that wait for a
+connection, where each socket past the limit failed to open and was retried.
 """
 
 from __future__ import annotations
 
+import resource
 from typing import Final
 
 MANY: Final = 64
@@ -43,3 +48,13 @@ class Origins:
         if not again:
             met[origin] = True
         return False
+
+
+def connection_limit() -> int:
+    """The most connections a session opens at once (aiohttp's ``limit``; 0: no limit): half
+    the descriptors the process may open (``ulimit -n``), the rest left for everything else
+    it opens."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 0
+    return max(soft // 2, 1)
