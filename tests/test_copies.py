@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncloader import DataLoader, FileDataset, TarShards
+from asyncloader import DataLoader, FileDataset, HttpDataset, TarShards
+
+from .servers import FaultServer
 
 
 class Numbers:
@@ -108,6 +110,21 @@ def test_a_copy_of_a_shard_loader_gives_its_next_epoch(tmp_path: Path) -> None:
         with copy.deepcopy(original) as copied:
             assert keys(copied) == keys(original) != first
         iterator.close()
+
+
+@pytest.mark.parametrize("how", sorted(COPIES))
+def test_a_copy_of_an_http_loader_opens_sessions_of_its_own(how: str, server: FaultServer) -> None:
+    # It failed: "cannot pickle 'module' object" (the dataset held aiohttp itself), fresh
+    # or after an epoch, and so for tar shards over HTTP too.
+    sizes = list(range(1, 30))
+    data = HttpDataset([f"{server.url}/ok/{n}" for n in sizes])
+    shards = TarShards(HttpDataset([f"{server.url}/ok/10"]))
+    with DataLoader(data, batch_size=4, num_workers=2, collate_fn=list) as original:
+        before = [len(item) for batch in original for item in batch]
+        with COPIES[how](original) as copied:
+            assert [len(item) for batch in copied for item in batch] == sizes
+        assert [len(item) for batch in original for item in batch] == before == sizes
+    assert pickle.loads(pickle.dumps(shards)).shards.locations[0] == f"{server.url}/ok/10"
 
 
 def test_a_copy_carries_a_loaded_state() -> None:

@@ -620,6 +620,21 @@ class HttpDataset:
             else:  # its loop is gone with its connections: nothing left to close
                 entry.session.detach()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for another process) and deep-copied without its sessions, which belong
+        to this process's event loops (the copy opens its own), nor the aiohttp module."""
+        state = self.__dict__.copy()
+        del state["_aiohttp"]
+        state["_sessions"], state["_origins"] = {}, Origins()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import aiohttp
+
+        self.__dict__.update(state)
+        self._aiohttp = aiohttp
+        self._pid = os.getpid()
+
     def __repr__(self) -> str:
         return f"HttpDataset({len(self)} items)"
 
