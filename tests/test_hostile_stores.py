@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from .raw_server import response, run_raw_server
 
 ROOT = Path(__file__).parent.parent
@@ -127,3 +129,78 @@ def test_a_listing_that_pages_without_end_fails_at_its_first_repeat() -> None:
     assert "lists an object twice" in lines[1]
     # Keys are checked a chunk of 1,000 at a time: here that is 1,000 pages of one key each.
     assert len(pages) <= 1000
+
+
+_PAST_THE_DESCRIPTORS = """
+import resource, socket, subprocess, sys, time, logging
+import boto3
+from asyncloader import DataLoader, ObjectStoreDataset
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+server = subprocess.Popen(
+    [sys.executable, "-m", "moto.server", "-p", str(port)],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
+try:
+    endpoint = f"http://127.0.0.1:{port}"
+    credentials = {
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "region_name": "us-east-1",
+    }
+    for _ in range(200):
+        try:
+            client = boto3.client("s3", endpoint_url=endpoint, **credentials)
+            client.create_bucket(Bucket="train")
+            break
+        except Exception:
+            time.sleep(0.05)
+    keys = [f"k/{i}" for i in range(1024)]
+    for key in keys:
+        client.put_object(Bucket="train", Key=key, Body=b"x" * 64)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    data = ObjectStoreDataset(
+        "s3://train",
+        keys,
+        endpoint=endpoint,
+        allow_http=True,
+        access_key_id="testing",
+        secret_access_key="testing",
+        region="us-east-1",
+    )
+    outcomes = []
+    with DataLoader(
+        data, batch_size=64, num_workers=8, item_concurrency=64, collate_fn=list
+    ) as loader:
+        iterator = iter(loader)
+        while True:
+            try:
+                outcomes.append(len(next(iterator)))
+            except StopIteration:
+                break
+            except Exception as error:
+                outcomes.append(repr(error)[:200])
+    print(outcomes == [64] * 16, [o for o in outcomes if o != 64][:1], )
+finally:
+    server.kill()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_more_requests_in_flight_than_descriptors_wait_for_a_connection() -> None:
+    # 512 GETs in flight on moto (a server process of its own) under a limit of 256
+    # descriptors: obstore opens a connection for each, and past the limit "error sending
+    # request" failed batches after its 3 retries.
+    result = subprocess.run(
+        [sys.executable, "-c", _PAST_THE_DESCRIPTORS],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "[]"]

@@ -13,6 +13,7 @@ from .._settings import check_timeout
 from ._file import FileDataset
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
+from ._origins import Gates
 from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import Retry
@@ -233,6 +234,7 @@ class ObjectStoreDataset:
         self.locations = Locations(locations, "key", length)
         self.max_bytes = _check_max_bytes(max_bytes)
         self._files = _local_folder(self.store, self.retry, self.max_bytes)
+        self._gates = Gates()
 
     @classmethod
     async def from_prefix(
@@ -296,6 +298,15 @@ class ObjectStoreDataset:
         return len(self.locations)
 
     async def __getitem__(self, index: int) -> Any:
+        if self._files is not None:
+            return await self._get(index)
+        gate = self._gates.here()
+        if gate is None:
+            return await self._get(index)
+        async with gate:  # obstore opens a connection for each request in flight
+            return await self._get(index)
+
+    async def _get(self, index: int) -> Any:
         import obstore
 
         location = self.locations[index]

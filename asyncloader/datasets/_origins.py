@@ -10,13 +10,15 @@ origins a dataset reads more than once.
 
 Each connection open is a descriptor too: a session opens at most half as many as the
 process may (:func:`connection_limit`), so that more requests in flight than that wait for a
-connection, where each socket past the limit failed to open and was retried.
+connection, where each socket past the limit failed to open and was retried. aiohttp's
+connector keeps that limit; for a client that has none (obstore's), :class:`Gates` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import resource
-from typing import Final
+from typing import Any, Final
 
 MANY: Final = 64
 """Origins whose first requests keep their connections."""
@@ -58,3 +60,28 @@ def connection_limit() -> int:
     if soft == resource.RLIM_INFINITY:
         return 0
     return max(soft // 2, 1)
+
+
+class Gates:
+    """For each event loop, at most :func:`connection_limit` calls at once (``None``: no
+    limit), for a client that opens a connection for each request in flight. A copy of it
+    (another process's) starts with none."""
+
+    def __init__(self) -> None:
+        self._gates: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore | None]] = {}
+
+    def here(self) -> asyncio.Semaphore | None:
+        """The running loop's gate."""
+        loop = asyncio.get_running_loop()
+        entry = self._gates.get(id(loop))
+        if entry is not None and entry[0] is loop:
+            return entry[1]
+        for key in [key for key, (other, _) in self._gates.items() if other.is_closed()]:
+            del self._gates[key]
+        limit = connection_limit()
+        gate = asyncio.Semaphore(limit) if limit else None
+        self._gates[id(loop)] = (loop, gate)
+        return gate
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_gates": {}}
