@@ -133,31 +133,22 @@ class ThreadPool:
         """Run ``fn(*args)`` on a pool thread; cancelling the caller skips a job not yet begun."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        if self._put(fn, args, loop, future):
+            return await future
         try:
-            self._put(fn, args, loop, future)
-        except RuntimeError as error:
-            if self._closed:
-                raise
-            # Not one thread of it could start (the system gives no more): the event loop's
-            # thread runs the job, as it runs work cheaper than a hop; slower, not failed.
-            if not self._inline:
-                self._inline = True
-                logger.warning(
-                    "asyncloader: %s pool could start no thread (%s): its jobs run on the "
-                    "event loop's thread",
-                    self.name,
-                    error,
-                )
-            try:
-                return fn(*args)
-            except (StopIteration, StopAsyncIteration) as stop:  # a coroutine refuses them
-                raise escaped(stop) from stop
-        return await future
+            return contextvars.copy_context().run(fn, *args)
+        except (StopIteration, StopAsyncIteration) as stop:  # a coroutine refuses them
+            raise escaped(stop) from stop
 
     def submit(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on a pool thread, from any thread, with the caller's context and
         priority. Nobody waits for it: ``fn`` reports its own outcome and raises nothing."""
-        self._put(fn, args, None, None)
+        if self._put(fn, args, None, None):
+            return
+        try:
+            contextvars.copy_context().run(fn, *args)
+        except BaseException:  # a bug of ours, as on a pool thread
+            logger.exception("asyncloader: a pool job failed")
 
     def _put(
         self,
@@ -165,7 +156,9 @@ class ThreadPool:
         args: tuple[Any, ...],
         loop: asyncio.AbstractEventLoop | None,
         future: asyncio.Future[Any] | None,
-    ) -> None:
+    ) -> bool:
+        """Queue a job; ``False`` when not one thread of the pool could start to run it (the
+        system gives no more): the caller then runs it in its own thread, slower, not failed."""
         if self._closed:
             raise RuntimeError(f"{self.name} pool is shut down")
         self._counter.add(1)
@@ -178,9 +171,18 @@ class ThreadPool:
         if not self._ready.acquire(blocking=False):
             try:
                 self._start_thread()
-            except RuntimeError:
-                if self._withdraw(entry):  # no thread will ever run it: refused, not kept
-                    raise
+            except RuntimeError as error:
+                if self._withdraw(entry):  # no thread will ever run it
+                    if not self._inline:
+                        self._inline = True
+                        logger.warning(
+                            "asyncloader: %s pool could start no thread (%s): its jobs run "
+                            "in the threads that submit them",
+                            self.name,
+                            error,
+                        )
+                    return False
+        return True
 
     def _withdraw(self, entry: _Entry) -> bool:
         """Take back a queued job that no thread can run (none could start); whether it was
