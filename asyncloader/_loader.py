@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -403,7 +404,22 @@ class DataLoader:
             after=self._after,
         )
 
+    @contextlib.contextmanager
+    def _refused_as_it_was(self) -> Iterator[None]:
+        """An epoch that cannot start (its sampler raised, the system gives no thread for its
+        loop) leaves the loader as it was: the same next epoch, a loaded state kept."""
+        saved = self._epoch, self._progress, self._resume, self._skipper
+        try:
+            yield
+        except BaseException:
+            self._epoch, self._progress, self._resume, self._skipper = saved
+            raise
+
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
+        with self._refused_as_it_was():
+            return self._start_iterator(with_indices)
+
+    def _start_iterator(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         settings = self._settings
         batches, progress = self._start_epoch()
         runtime = self._runtime_here()
@@ -429,6 +445,10 @@ class DataLoader:
         )
 
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
+        with self._refused_as_it_was():
+            return self._start_async_iterator(with_indices)
+
+    def _start_async_iterator(self, with_indices: bool) -> AsyncEpochIterator:
         batches, progress = self._start_epoch()
         runtime = self._runtime_here()
         epoch = AsyncEpochIterator(

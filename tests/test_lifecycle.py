@@ -376,3 +376,50 @@ def test_threads_the_system_will_not_start_fail_no_batch(more_mib: int, said: li
     assert result.stdout.split() == ["True"]
     for message in said:  # each said once
         assert len(re.findall(message, result.stderr)) == 1, result.stderr
+
+
+_NO_LOOP_THREAD = """
+import re, resource, threading
+from asyncloader import DataLoader
+from tests.datasets import SyncData
+
+threading.stack_size(256 * 2**20)  # more than the limit below leaves
+
+
+def make():
+    return DataLoader(SyncData(40), batch_size=8, shuffle=True, seed=0, num_workers=2)
+
+
+loader = make()
+with open("/proc/self/status") as status:
+    mapped = int(re.search(r"VmSize:\\s+(\\d+)", status.read()).group(1)) * 1024
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 16 * 2**20, hard))
+try:
+    iter(loader)
+except RuntimeError as error:
+    print("refused:", error)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+got = [batch.tolist() for batch in loader]
+loader.close()
+with make() as fresh:
+    print([batch.tolist() for batch in fresh] == got)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -> None:
+    # The refused iter() had counted its epoch: the next one gave epoch 1's order.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_LOOP_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["refused: can't start new thread", "True"]

@@ -232,3 +232,36 @@ def test_elastic_resume_covers_each_sample_exactly_once(saved_ranks: int, new_ra
             assert len(list(second)) == len(second)
     # 60 - 2 * 3 * saved_ranks leftover samples divide evenly among the new ranks here.
     assert sorted(received) == list(range(n))
+
+
+class _FailsOnce:
+    """A sampler whose first reading raises (a listing that timed out, say)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.failed = n, False
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.failed:
+            self.failed = True
+            raise TimeoutError("the index listing timed out")
+        return iter(range(self.n - 1, -1, -1))
+
+
+def test_an_epoch_that_cannot_start_keeps_the_loaded_state_and_the_epoch() -> None:
+    # The refused iter() had taken the loaded state and the epoch's number with it: the
+    # next iter() gave a whole epoch, not the batches the state had left.
+    with DataLoader(SyncData(20), batch_size=4, sampler=range(19, -1, -1)) as saver:
+        iterator = iter(saver)
+        next(iterator), next(iterator)
+        state = saver.state_dict()
+        rest = [batch.tolist() for batch in iterator]
+    with DataLoader(SyncData(20), batch_size=4, sampler=_FailsOnce(20)) as loader:
+        loader.load_state_dict(state)
+        with pytest.raises(TimeoutError, match="listing timed out"):
+            iter(loader)
+        assert loader.state_dict() == state
+        assert [batch.tolist() for batch in loader] == rest
+        assert loader.state_dict()["epoch"] == 1
