@@ -43,7 +43,11 @@ class LoopThread:
         self.loop = new_event_loop()
         self._started = threading.Event()
         self.thread = threading.Thread(target=self._run, name="asyncloader-loop", daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:  # no thread for it (the system gives no more): nor its loop
+            self.loop.close()
+            raise
         self._started.wait()
 
     def _run(self) -> None:

@@ -379,7 +379,7 @@ def test_threads_the_system_will_not_start_fail_no_batch(more_mib: int, said: li
 
 
 _NO_LOOP_THREAD = """
-import re, resource, threading
+import os, re, resource, threading
 from asyncloader import DataLoader
 from tests.datasets import SyncData
 
@@ -399,6 +399,13 @@ try:
     iter(loader)
 except RuntimeError as error:
     print("refused:", error)
+descriptors = len(os.listdir("/proc/self/fd"))
+for _ in range(20):  # each refusal had left its event loop open: its descriptors too
+    try:
+        iter(loader)
+    except RuntimeError:
+        pass
+print(len(os.listdir("/proc/self/fd")) - descriptors)
 resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 got = [batch.tolist() for batch in loader]
 loader.close()
@@ -409,7 +416,8 @@ with make() as fresh:
 
 @pytest.mark.timeout(120)
 def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -> None:
-    # The refused iter() had counted its epoch: the next one gave epoch 1's order.
+    # The refused iter() had counted its epoch (the next one gave epoch 1's order), and left
+    # its new event loop open.
     import subprocess
     import sys
     from pathlib import Path
@@ -422,4 +430,4 @@ def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -
         cwd=Path(__file__).parent.parent,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["refused: can't start new thread", "True"]
+    assert result.stdout.splitlines() == ["refused: can't start new thread", "0", "True"]
