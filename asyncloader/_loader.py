@@ -21,6 +21,7 @@ from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
 from ._runtime import CLOSE_TIMEOUT_S, Runtime
+from ._sampler import Batches, ListedBatches
 from ._settings import ReadOnly, Settings, check_callable, check_int
 from ._shared import held_limit
 from ._skip import ErrorPolicy, Skipper, check_errors, epoch_budget
@@ -74,7 +75,8 @@ class DataLoader:
         collate_fn: Turns a batch's items into one value; :func:`default_collate` by default.
         num_workers: Batches in work at once; 0 processes them inline when possible.
         item_concurrency: Requests in flight are ``max(num_workers, 1) * item_concurrency``
-            for the whole epoch, taken in epoch order across batches (``docs/settings.md``).
+            for the whole epoch, taken in epoch order across batches (``docs/settings.md``),
+            and never more than the items of the batches the window holds.
             At 1 a batch is fetched in one call when the dataset allows it.
         prefetch_depth: At least 1: no batch starts more than ``max(num_workers, 1) +
             prefetch_depth`` batches ahead of the one you take next (the memory bound).
@@ -395,7 +397,7 @@ class DataLoader:
             cpu=runtime.cpu,
             batch_tasks=self._settings.batch_tasks,
             item_concurrency=self._settings.item_concurrency,
-            lanes=self._settings.requests_in_flight,
+            lanes=self._lanes(batches),
             recorder=self._recorder,
             skipper=self._skipper,
             augment=(self.seed, epoch),
@@ -414,6 +416,16 @@ class DataLoader:
         except BaseException:
             self._epoch, self._progress, self._resume, self._skipper = saved
             raise
+
+    def _lanes(self, batches: EpochBatches) -> int:
+        """The epoch's lanes: its requests in flight, but no more than the items of the
+        batches its window holds, nor its items (a stream's, which a reader reads, are not
+        known): a lane past them would only wait, a task or a thread each."""
+        settings = self._settings
+        if not isinstance(batches, Batches | ListedBatches):
+            return settings.requests_in_flight
+        usable = (settings.window + 1) * batches.largest
+        return max(1, min(settings.requests_in_flight, usable, batches.items))
 
     def _iterate(self, with_indices: bool) -> DirectIterator | ThreadedIterator:
         with self._refused_as_it_was():

@@ -291,6 +291,11 @@ class Batches(Sequence[list[int]]):
         return chunk if isinstance(chunk, list) else list(chunk)
 
     @property
+    def largest(self) -> int:
+        """The most indices a batch of these holds."""
+        return min(self._batch_size, self._stop) if len(self._numbers) else 0
+
+    @property
     def items(self) -> int:
         """The number of indices in these batches, counted without a walk over them (an
         epoch of 2**40 items has 2**38 batches of 4)."""
@@ -324,6 +329,11 @@ class ListedBatches(Sequence[list[int]]):
         if isinstance(key, slice):
             return ListedBatches(self._batches[key])
         return self._batches[key]
+
+    @property
+    def largest(self) -> int:
+        """The most indices a batch of these holds."""
+        return max(map(len, self._batches), default=0)
 
     @property
     def items(self) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from asyncloader import DataLoader
 
-from .datasets import Probe
+from .datasets import AsyncData, Probe
 
 PREFETCH = 2
 # (num_workers, item_concurrency) with more lanes than batches in the window, so that lanes
@@ -197,3 +197,18 @@ def test_more_requests_in_flight_than_descriptors_wait_for_a_connection() -> Non
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "0"]  # every batch, and not one retry
+
+
+async def test_lanes_past_what_the_epoch_can_use_are_not_made() -> None:
+    # 100,000 requests in flight over 40 items: a task for each lane, 99,960 of them only to
+    # wait for the epoch's end (1,000,000 over 100 items took 19 s and 1.7 GB, and the close
+    # timed out).
+    loader = DataLoader(AsyncData(40), batch_size=4, num_workers=1000, item_concurrency=100)
+    most = 0
+    batches = []
+    async for batch in loader:
+        most = max(most, len(asyncio.all_tasks()))
+        batches.append(batch.tolist())
+    await loader.aclose()
+    assert batches == [list(range(n, n + 4)) for n in range(0, 40, 4)]
+    assert most <= 64
