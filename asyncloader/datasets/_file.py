@@ -63,7 +63,7 @@ class FileDataset:
             ``numpy.frombuffer``) over the file's cached pages, with no copy; ``bytes(item)``
             copies it. An empty file is ``b""``. The map lives as long as you hold the item
             (before Python 3.13 with a descriptor open: mind ``ulimit -n`` when you keep
-            many).
+            many; from 3.13 it keeps none, so ``len(item)`` is its size, not ``size()``).
             For files that nothing truncates while they are read: touching a map whose file
             was cut short kills the process with ``SIGBUS``, as with any memory map.
 
