@@ -3,8 +3,9 @@ an epoch's batches, a loaded state's position included."""
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from ._sampler import (
 )
 from ._settings import check_bool, check_int
 from ._state import Expected, Resume, capture_sampler, elastic_indices, shared_order
+
+logger = logging.getLogger("asyncloader")
 
 
 def _seed_from(generator: Any) -> int:
@@ -155,7 +158,9 @@ class Order:
         recorded = capture_sampler(self.source)
         if self.batch_sampler is not None:
             assert isinstance(self.batch_sampler, Iterable)
-            return Plan(epoch, read_batch_sampler(self.batch_sampler), skip, 0, recorded)
+            listed = read_batch_sampler(self.batch_sampler)
+            _warn_if_used_up("batch_sampler", self.batch_sampler, len(listed), epoch)
+            return Plan(epoch, listed, skip, 0, recorded)
         if resume is not None and (resume.world_size != self.world_size or resume.offset):
             order = shared_order(self.sampler, length, resume.epoch)
             offset = resume.offset
@@ -164,4 +169,19 @@ class Order:
             indices = elastic_indices(order, offset, self.world_size, self.rank, self.drop_last)
         else:
             indices = read_sampler(self.sampler, length, epoch)  # type: ignore[assignment]
+            _warn_if_used_up("sampler", self.sampler, len(indices), epoch)
         return Plan(epoch, cut_batches(indices, batch_size, self.drop_last), skip, offset, recorded)
+
+
+def _warn_if_used_up(name: str, source: object, count: int, epoch: int) -> None:
+    """Say so when an epoch after the first finds a sampler that is an iterator empty: an
+    earlier epoch used it up, and every epoch from now on would pass with no batch, silently
+    (as torch's do)."""
+    if count == 0 and epoch > 0 and isinstance(source, Iterator):
+        logger.warning(
+            "%s is an iterator (%s) that an earlier epoch used up: epoch %d has no batch; "
+            "pass a list, or an object whose __iter__ starts again",
+            name,
+            type(source).__name__,
+            epoch,
+        )

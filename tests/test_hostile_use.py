@@ -5,6 +5,7 @@ What could hang runs in a child process with a hard time-out."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from asyncloader import DataLoader
+
+from .datasets import SyncData
 
 ROOT = Path(__file__).parent.parent
 
@@ -328,3 +331,27 @@ def test_a_stop_iteration_from_the_users_code_fails_its_batch(
     assert batches[1].startswith("RuntimeError: ")
     assert "StopIteration" in batches[1] or "the dataset, transform or collat" in batches[1]
     assert batches[2:] == [[4, 5]]
+
+
+def test_a_sampler_that_an_earlier_epoch_used_up_is_said_to_be(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A one-shot iterator as the sampler (or batch sampler): every epoch after the first
+    # passed with no batch and no word, as torch's do.
+    caplog.set_level(logging.WARNING, logger="asyncloader")
+    for name, settings in (
+        ("sampler", {"sampler": iter(range(10)), "batch_size": 4}),
+        ("batch_sampler", {"batch_sampler": iter([[0, 1], [2]])}),
+    ):
+        with DataLoader(SyncData(10), **settings) as loader:
+            assert len([batch for batch in loader]) > 0
+            caplog.clear()
+            assert [batch for batch in loader] == []
+        messages = [r.getMessage() for r in caplog.records if r.name == "asyncloader"]
+        assert len(messages) == 1
+        assert messages[0].startswith(f"{name} is an iterator")
+        assert "epoch 1 has no batch" in messages[0]
+    caplog.clear()
+    with DataLoader(SyncData(10), batch_size=4, sampler=[]) as loader:  # empty, not used up
+        assert [batch for batch in loader] == [] == [batch for batch in loader]
+    assert not [r for r in caplog.records if r.name == "asyncloader"]
