@@ -173,6 +173,20 @@ def telling(info: StreamInfo) -> Iterator[None]:
         _current.reset(token)
 
 
+def _warn_if_used_up(dataset: object, epoch: int) -> None:
+    """Say so when a stream that is an iterator (a generator's result) is empty after the
+    first epoch: that one used it up, and every epoch from now on would pass with no item,
+    silently (as torch's do)."""
+    if isinstance(dataset, Iterator) or hasattr(dataset, "__anext__"):
+        logger.warning(
+            "the dataset is an iterator (%s) that an earlier epoch used up: epoch %d has no "
+            "item; pass an object whose __iter__ (or __aiter__) starts again, such as an "
+            "IterableDataset",
+            type(dataset).__name__,
+            epoch,
+        )
+
+
 class StreamReader:
     """One epoch's iterator over a stream, pulled one batch at a time in batch order.
 
@@ -267,6 +281,8 @@ class StreamReader:
                 if items and not self._drop_last:
                     return items
                 return await self._raise_failure()
+            if ended and not read and self._pulled == 1 and self._info.epoch > 0:
+                _warn_if_used_up(self._dataset, self._info.epoch)
             if ended and (not items or (self._drop_last and len(items) < count)):
                 items = []
             if ended:

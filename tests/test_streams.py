@@ -9,6 +9,7 @@ own state or by reading again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import warnings
@@ -506,3 +507,27 @@ def test_a_failing_transform_is_skipped_from_its_batch_under_errors_skip() -> No
     ) as loader:
         assert _lists(loader) == [[1, 2, 3], [4, 6, 7], [8, 9, 11]]
         assert loader.stats().skipped == 3
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_generator_that_an_earlier_epoch_used_up_is_said_to_be(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A generator's result as the dataset: every epoch after the first passed with no batch
+    # and no word, as torch's do.
+    def numbers() -> Iterator[int]:
+        yield from range(5)
+
+    async def async_numbers() -> AsyncIterator[int]:
+        for number in range(5):
+            yield number
+
+    caplog.set_level(logging.WARNING, logger="asyncloader")
+    with DataLoader(numbers() if kind == "sync" else async_numbers(), batch_size=2) as loader:
+        assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4]]
+        caplog.clear()
+        assert [batch for batch in loader] == []
+    messages = [r.getMessage() for r in caplog.records if r.name == "asyncloader"]
+    assert len(messages) == 1
+    assert messages[0].startswith("the dataset is an iterator")
+    assert "epoch 1 has no item" in messages[0]
