@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import resource
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
@@ -22,6 +23,16 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def spare_descriptors() -> int | None:
+    """Half the descriptors this process may open (``ulimit -n``), the other half left for
+    whatever else it opens: what connections and kept shared memory may take; ``None`` when
+    there is no limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(soft // 2, 1)
 
 
 def check_int(name: str, value: object, minimum: int) -> int:

@@ -19,7 +19,6 @@ import io
 import mmap
 import os
 import pickle
-import resource
 import sys
 import tempfile
 import weakref
@@ -28,6 +27,7 @@ from typing import Any, Final
 import numpy as np
 
 from ._mapping import KEEPS_DESCRIPTOR, map_fd
+from ._settings import spare_descriptors
 
 CONTROL_SIZE: Final = 4096
 """One control byte per segment: 1 while the loader may still use it."""
@@ -49,15 +49,13 @@ def held_limit(processes: int) -> int:
     """How many segments each of ``processes`` workers may leave with the loader at once.
 
     :data:`HELD_MAX`; before Python 3.13 a mapping keeps a descriptor of its own in each
-    process, so fewer where the descriptors would run out: half the process's limit is
-    left for everything else it opens.
+    process, so fewer where the descriptors would run out: the process's spare ones,
+    shared among the workers.
     """
-    if not KEEPS_DESCRIPTOR:
+    spare = spare_descriptors() if KEEPS_DESCRIPTOR else None
+    if spare is None:
         return HELD_MAX
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return HELD_MAX
-    return max(4, min(HELD_MAX, soft // (2 * max(processes, 1))))
+    return max(4, min(HELD_MAX, spare // max(processes, 1)))
 
 
 _ALIGN: Final = 64

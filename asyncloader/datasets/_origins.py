@@ -17,8 +17,9 @@ connector keeps that limit; for a client that has none (obstore's), :class:`Gate
 from __future__ import annotations
 
 import asyncio
-import resource
 from typing import Any, Final
+
+from .._settings import spare_descriptors
 
 MANY: Final = 64
 """Origins whose first requests keep their connections."""
@@ -53,13 +54,9 @@ class Origins:
 
 
 def connection_limit() -> int:
-    """The most connections a session opens at once (aiohttp's ``limit``; 0: no limit): half
-    the descriptors the process may open (``ulimit -n``), the rest left for everything else
-    it opens."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return 0
-    return max(soft // 2, 1)
+    """The most connections a session opens at once (aiohttp's ``limit``; 0: no limit): the
+    process's spare descriptors."""
+    return spare_descriptors() or 0
 
 
 class Gates:
