@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from .children import run_script
 from .raw_server import response, run_raw_server
 
 ROOT = Path(__file__).parent.parent
@@ -132,9 +133,10 @@ def test_a_listing_that_pages_without_end_fails_at_its_first_repeat() -> None:
 
 
 _PAST_THE_DESCRIPTORS = """
-import resource, socket, subprocess, sys, time, logging
+import resource, socket, subprocess, sys, time
 import boto3
 from asyncloader import DataLoader, ObjectStoreDataset
+from tests.epochs import outcomes
 
 with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
@@ -172,19 +174,11 @@ try:
         secret_access_key="testing",
         region="us-east-1",
     )
-    outcomes = []
     with DataLoader(
         data, batch_size=64, num_workers=8, item_concurrency=64, collate_fn=list
     ) as loader:
-        iterator = iter(loader)
-        while True:
-            try:
-                outcomes.append(len(next(iterator)))
-            except StopIteration:
-                break
-            except Exception as error:
-                outcomes.append(repr(error)[:200])
-    print(outcomes == [64] * 16, [o for o in outcomes if o != 64][:1], )
+        got = outcomes(loader, len, Exception)
+    print(got == [64] * 16, [o[:200] for o in got if o != 64][:1])
 finally:
     server.kill()
 """
@@ -195,12 +189,6 @@ def test_more_requests_in_flight_than_descriptors_wait_for_a_connection() -> Non
     # 512 GETs in flight on moto (a server process of its own) under a limit of 256
     # descriptors: obstore opens a connection for each, and past the limit "error sending
     # request" failed batches after its 3 retries.
-    result = subprocess.run(
-        [sys.executable, "-c", _PAST_THE_DESCRIPTORS],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=ROOT,
-    )
+    result = run_script(_PAST_THE_DESCRIPTORS, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "[]"]

@@ -8,7 +8,6 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,19 +17,10 @@ import pytest
 
 from asyncloader import DataLoader
 
+from .children import run_script as run_child
 from .datasets import SyncData
 
 ROOT = Path(__file__).parent.parent
-
-
-def run_child(script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
 
 
 @pytest.mark.parametrize(("num_workers", "batches"), [(2, 50), (0, 50)])

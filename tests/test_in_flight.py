@@ -14,6 +14,7 @@ import pytest
 
 from asyncloader import DataLoader
 
+from .children import run_script
 from .datasets import AsyncData, Probe
 
 PREFETCH = 2
@@ -158,6 +159,7 @@ _PAST_THE_DESCRIPTORS = """
 import resource
 from asyncloader import DataLoader, HttpDataset, Template
 from asyncloader._samples import serve_samples
+from tests.epochs import outcomes
 
 with serve_samples(0.05, 16) as url:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -166,16 +168,7 @@ with serve_samples(0.05, 16) as url:
     with DataLoader(
         data, batch_size=64, num_workers=8, item_concurrency=64, collate_fn=list
     ) as loader:
-        outcomes = []
-        iterator = iter(loader)
-        while True:
-            try:
-                outcomes.append(len(next(iterator)))
-            except StopIteration:
-                break
-            except Exception as error:
-                outcomes.append(repr(error))
-        print(outcomes == [64] * 32, loader.stats().retries)
+        print(outcomes(loader, len, Exception) == [64] * 32, loader.stats().retries)
 """
 
 
@@ -184,17 +177,7 @@ def test_more_requests_in_flight_than_descriptors_wait_for_a_connection() -> Non
     # 512 requests in flight under a limit of 256 descriptors: each socket past the limit
     # failed to open ("Too many open files") and was retried, until some items ran out of
     # attempts and failed their batches.
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    result = subprocess.run(
-        [sys.executable, "-c", _PAST_THE_DESCRIPTORS],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=Path(__file__).parent.parent,
-    )
+    result = run_script(_PAST_THE_DESCRIPTORS, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "0"]  # every batch, and not one retry
 

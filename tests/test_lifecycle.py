@@ -16,6 +16,7 @@ import pytest
 
 from asyncloader import DataLoader
 
+from .children import run_script
 from .conftest import loader_threads
 from .datasets import AsyncData, SyncData, eventually
 
@@ -317,32 +318,21 @@ async def test_aclose_with_an_epoch_open_ends_the_epoch_before_it_closes_the_dat
 
 
 _FEW_THREADS = """
-import logging, re, resource, sys, threading
+import logging, sys, threading
 from asyncloader import DataLoader
+from tests.children import limit_address_space
 from tests.datasets import SyncData
+from tests.epochs import outcomes
 
 logging.basicConfig(level=logging.WARNING)
 # Each thread reserves 128 MiB of address space: under a limit of 640 MiB more than this
 # process maps now, three can start, where the loader's settings want 35; under 200 MiB
 # more, the event loop's thread alone.
 threading.stack_size(128 * 2**20)
-with open("/proc/self/status") as status:
-    mapped = int(re.search(r"VmSize:\\s+(\\d+)", status.read()).group(1)) * 1024
-more = int(sys.argv[1]) * 2**20
-resource.setrlimit(resource.RLIMIT_AS, (mapped + more, resource.RLIM_INFINITY))
+limit_address_space(int(sys.argv[1]) * 2**20)
 settings = {"batch_size": 16, "num_workers": 4, "item_concurrency": 8, "timeout": 10}
 with DataLoader(SyncData(512), **settings) as loader:
-    batches = []
-    iterator = iter(loader)
-    while True:
-        try:
-            batches.append(next(iterator).tolist())
-        except StopIteration:
-            break
-        except Exception as error:
-            batches.append(repr(error))
-            if len(batches) > 40:
-                break
+    batches = outcomes(loader, lambda batch: batch.tolist(), Exception)
 assert batches == [list(range(n, n + 16)) for n in range(0, 512, 16)], batches[:3]
 print(threading.active_count() < 10)
 """
@@ -361,17 +351,7 @@ def test_threads_the_system_will_not_start_fail_no_batch(more_mib: int, said: li
     # the one that submits the job, for a pool that got none) could do their work; with the
     # loop's thread alone, the lanes counted as running never ran and every batch after
     # the first two timed out.
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    result = subprocess.run(
-        [sys.executable, "-c", _FEW_THREADS, str(more_mib)],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=Path(__file__).parent.parent,
-    )
+    result = run_script(_FEW_THREADS, str(more_mib), timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True"]
     for message in said:  # each said once
@@ -379,8 +359,9 @@ def test_threads_the_system_will_not_start_fail_no_batch(more_mib: int, said: li
 
 
 _NO_LOOP_THREAD = """
-import os, re, resource, threading
+import os, resource, threading
 from asyncloader import DataLoader
+from tests.children import limit_address_space
 from tests.datasets import SyncData
 
 threading.stack_size(256 * 2**20)  # more than the limit below leaves
@@ -391,10 +372,7 @@ def make():
 
 
 loader = make()
-with open("/proc/self/status") as status:
-    mapped = int(re.search(r"VmSize:\\s+(\\d+)", status.read()).group(1)) * 1024
-soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-resource.setrlimit(resource.RLIMIT_AS, (mapped + 16 * 2**20, hard))
+limit = limit_address_space(16 * 2**20)
 try:
     iter(loader)
 except RuntimeError as error:
@@ -406,7 +384,7 @@ for _ in range(20):  # each refusal had left its event loop open: its descriptor
     except RuntimeError:
         pass
 print(len(os.listdir("/proc/self/fd")) - descriptors)
-resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+resource.setrlimit(resource.RLIMIT_AS, limit)
 got = [batch.tolist() for batch in loader]
 loader.close()
 with make() as fresh:
@@ -418,16 +396,6 @@ with make() as fresh:
 def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -> None:
     # The refused iter() had counted its epoch (the next one gave epoch 1's order), and left
     # its new event loop open.
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    result = subprocess.run(
-        [sys.executable, "-c", _NO_LOOP_THREAD],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=Path(__file__).parent.parent,
-    )
+    result = run_script(_NO_LOOP_THREAD, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["refused: can't start new thread", "0", "True"]
