@@ -168,21 +168,25 @@ class ThreadPool:
         entry = (priority.get(), next(self._order), job)
         self._jobs.put(entry)
         # A thread that finished a job released `_ready`: reuse it before starting another.
-        if not self._ready.acquire(blocking=False):
-            try:
-                self._start_thread()
-            except RuntimeError as error:
-                if self._withdraw(entry):  # no thread will ever run it
-                    if not self._inline:
-                        self._inline = True
-                        logger.warning(
-                            "asyncloader: %s pool could start no thread (%s): its jobs run "
-                            "in the threads that submit them",
-                            self.name,
-                            error,
-                        )
-                    return False
+        if self._ready.acquire(blocking=False):
+            return True
+        try:
+            self._start_thread()
+        except RuntimeError as error:
+            if self._withdraw(entry):  # no thread will ever run it
+                self._say_inline(error)
+                return False
         return True
+
+    def _say_inline(self, error: RuntimeError) -> None:
+        if not self._inline:
+            self._inline = True
+            logger.warning(
+                "asyncloader: %s pool could start no thread (%s): its jobs run in the threads "
+                "that submit them",
+                self.name,
+                error,
+            )
 
     def _withdraw(self, entry: _Entry) -> bool:
         """Take back a queued job that no thread can run (none could start); whether it was

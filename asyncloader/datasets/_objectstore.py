@@ -298,9 +298,7 @@ class ObjectStoreDataset:
         return len(self.locations)
 
     async def __getitem__(self, index: int) -> Any:
-        if self._files is not None:
-            return await self._get(index)
-        gate = self._gates.here()
+        gate = self._gates.here() if self._files is None else None
         if gate is None:
             return await self._get(index)
         async with gate:  # obstore opens a connection for each request in flight
