@@ -19,7 +19,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from asyncloader.datasets._tar import (
@@ -178,6 +178,81 @@ def test_a_corrupted_shard_fails_with_a_shard_error(position: int, flip: int) ->
     samples, error = parse(bytes(data))
     assert error is None or isinstance(error, ShardError)
     assert len(samples) <= 2
+
+
+class GeneralOnly(TarParser):
+    """The parser with its path for plain members turned off: every header read in full."""
+
+    def _plain(self, view: memoryview, at: int, end: int) -> int:
+        return at
+
+
+def parse_with(
+    kind: type[TarParser], data: bytes, chunk: int, max_bytes: int | None
+) -> tuple[list[Any], str]:
+    parser = kind("s.tar", max_bytes)
+    out: list[Any] = []
+    for start in range(0, len(data), chunk):
+        out += fed(parser, data[start : start + chunk])
+    out += parser.close()
+    return out, str(parser.error)
+
+
+PLAIN_NAMES = ["a.jpg", "a.JPG", "a.cls", "a.__key__", "a.__shard__", "b.jpg", "b.tar.gz"]
+PLAIN_NAMES += ["__a__.jpg", "__a.b__", "a__b.jpg", "d/a.jpg", "d.e/a.jpg", "noext", ".jpg", "a."]
+PLAIN_NAMES += ["\xe9.jpg", "f" * 120 + "/a.jpg"]
+SIZE_FIELDS = [b"%011o\0", b"%012o", b"%011o ", b" %010o\0", b"%o\0", b"+%010o\0", b"%011o\0"]
+PLAIN_KINDS = [tarfile.REGTYPE] * 4 + [tarfile.AREGTYPE, tarfile.SYMTYPE, tarfile.DIRTYPE]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    members=st.lists(
+        st.tuples(st.sampled_from(PLAIN_NAMES), st.integers(0, 1500), st.sampled_from(PLAIN_KINDS)),
+        min_size=1,
+        max_size=8,
+    ),
+    form=st.sampled_from(sorted(FORMATS)),
+    max_bytes=st.none() | st.integers(0, 3000),
+    chunk=st.just(1 << 20) | st.integers(1, 4000),
+    size_field=st.sampled_from(SIZE_FIELDS),
+    corrupt=st.none() | st.tuples(st.integers(0, 1 << 14), st.integers(1, 255)),
+)
+@example([("a.jpg", 600, b"0"), ("a.cls", 600, b"0")], "gnu", 1000, 1 << 20, b"%011o\0", None)
+@example([("a.jpg", 9, b"0"), ("b.jpg", 9, b"0")], "gnu", None, 1 << 20, b"%011o\0", (1172, 1))
+@example([("f" * 120 + "/a.jpg", 9, b"0")], "ustar", None, 1 << 20, b"%011o\0", None)
+@example([("a.jpg", 9, b"0")], "ustar", None, 1 << 20, b"%012o", None)
+@example([("a.jpg", 9, b"0")], "ustar", None, 1 << 20, b"+%010o\0", None)
+def test_plain_members_read_as_the_general_path_reads_them(
+    members: list[tuple[str, int, bytes]],
+    form: str,
+    max_bytes: int | None,
+    chunk: int,
+    size_field: bytes,
+    corrupt: tuple[int, int] | None,
+) -> None:
+    """The path for members as tarfile writes them gives the samples, and fails with the
+    error, that reading every header in full gives: at each limit, kind, name, size field
+    and cut. The examples: a sample over its bound, a bad header after a member (named in
+    the error), a ustar prefix, a size field of 12 digits and no NUL, one with a sign."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=FORMATS[form]) as archive:
+        for number, (name, size, kind) in enumerate(members):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.size = size if kind in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+            archive.addfile(info, io.BytesIO(bytes([number]) * info.size))
+    data = bytearray(out.getvalue())
+    with tarfile.open(fileobj=io.BytesIO(bytes(data))) as archive:
+        for member in archive.getmembers():  # each member's own header, resized
+            at = member.offset_data - 512
+            data[at + 124 : at + 136] = (size_field % member.size).ljust(12, b"\0")
+            data[at + 148 : at + 156] = b" " * 8
+            data[at + 148 : at + 156] = b"%06o\0 " % sum(data[at : at + 512])
+    if corrupt is not None:
+        data[corrupt[0] % len(data)] ^= corrupt[1]
+    general = parse_with(GeneralOnly, bytes(data), chunk, max_bytes)
+    assert parse_with(TarParser, bytes(data), chunk, max_bytes) == general
 
 
 @settings(max_examples=300, deadline=None)
