@@ -400,6 +400,13 @@ def plan(only: set[str], folder: str, stack: ExitStack) -> list[tuple[str, list[
                 {**where, "system": "webdataset", "num_workers": 2},
                 {**where, "system": "webdataset", "num_workers": 8},
             ]
+        # The bare loop reads into fresh pages or reuses freed ones from run to run (glibc's
+        # choice), which moves it by up to 2.5x: both again with freed memory kept.
+        kept = {**base, "env": KEEP_FREED_MEMORY}
+        runs += [
+            {**kept, "system": "asyncloader", "num_workers": 4},
+            {**kept, "system": "bare aiohttp"},
+        ]
         # One request per sample, 64 in flight, for 3 s at their limit.
         runs.append({**base, "system": "asyncloader, a request per sample", "items": 9600})
         workloads.append(("h", runs))
@@ -410,6 +417,7 @@ def label(spec: dict[str, Any]) -> str:
     """A run's system and setting, as tables show it."""
     if spec["workload"] == "shards":
         where = ", moto" if spec.get("on") == "moto" else ""
+        where += ", freed memory kept" if "env" in spec else ""
         if spec["system"] == "webdataset":
             return f"webdataset + torch num_workers={spec['num_workers']}{where}"
         return f"{spec['system']}{where}"
