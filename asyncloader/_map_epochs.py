@@ -66,7 +66,10 @@ class MapEpochs:
     def state(self, progress: Progress | None, next_epoch: int) -> dict[str, Any]:
         """The position after what the consumer received (:meth:`DataLoader.state_dict`)."""
         expected, rank = self._expected(), self._order.rank
-        if progress is not None and not progress.done:
+        # After the epoch's last batch it is the state between epochs, even before the
+        # iterator said so: Lightning's Trainer counts an epoch's batches by len(loader), and
+        # next() is never called again (torchdata's StatefulDataLoader resumes so too).
+        if progress is not None and not progress.done and progress.received != progress.batches:
             epoch, received, offset = progress.epoch, progress.received, progress.offset
             return write_state(expected, rank, epoch, received, offset, progress.sampler)
         sampler = capture_sampler(self._order.source)
@@ -107,5 +110,7 @@ class MapEpochs:
         loaded state had received: those are left out, never fetched."""
         plan = self._order.plan(epoch, resume, len(self.dataset), self._settings.batch_size)
         first = min(plan.skip, len(plan.batches))
-        progress = Progress(plan.epoch, first, offset=plan.offset, sampler=plan.sampler)
+        progress = Progress(
+            plan.epoch, first, offset=plan.offset, sampler=plan.sampler, batches=len(plan.batches)
+        )
         return plan.batches[plan.skip :], progress, plan.batches.items

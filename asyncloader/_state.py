@@ -71,6 +71,9 @@ class Progress:
     """What the state records of the sampler, as it was when the epoch started."""
     stream: Any = None
     """A stream's reader (:class:`._stream.StreamReader`): the stream's own states."""
+    batches: int | None = None
+    """The epoch's batches in all, where they are known at its start (a map-style epoch):
+    once the consumer has received them all, the epoch is over for the state too."""
 
 
 @dataclass(frozen=True)

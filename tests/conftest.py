@@ -23,7 +23,13 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # torch fails there). Elsewhere no CPU wheel of it is at hand, so only its tests are left out.
 TORCH_MISSING = sys.version_info[:2] != (3, 11) and importlib.util.find_spec("torch") is None
 collect_ignore = (
-    ["test_torch.py", "test_examples.py", "test_torchrun.py", "test_hostile_torch.py"]
+    [
+        "test_torch.py",
+        "test_examples.py",
+        "test_torchrun.py",
+        "test_hostile_torch.py",
+        "test_lightning.py",
+    ]
     if TORCH_MISSING
     else []
 )

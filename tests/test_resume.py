@@ -101,6 +101,26 @@ def test_the_checker_compares_failed_batches_and_goes_on_past_them() -> None:
         assert_equal_output_after_checkpoint(lambda: Forgetful(Failing(8), batch_size=2))
 
 
+@pytest.mark.parametrize(("num_workers", "item_concurrency"), [(0, 1), (2, 3)])
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_a_state_after_an_epochs_last_batch_starts_the_next_epoch(
+    sampler: str, num_workers: int, item_concurrency: int
+) -> None:
+    """A consumer that takes ``len(loader)`` batches and never calls ``next()`` again (as
+    Lightning's Trainer does) saves the state between epochs: the next epoch, 0 received."""
+    with _loader(sampler, False, num_workers, item_concurrency) as reference:
+        iterator = iter(reference)
+        for _ in range(len(reference)):
+            next(iterator)
+        state = json.loads(json.dumps(reference.state_dict()))
+        next_epoch = [batch.tolist() for batch in reference]
+    assert (state["epoch"], state["batches_received"]) == (1, 0)
+    with _loader(sampler, False, num_workers, item_concurrency) as restored:
+        restored.load_state_dict(state)
+        assert restored.epoch == 1
+        assert [batch.tolist() for batch in restored] == next_epoch
+
+
 def test_the_state_counts_what_was_received_not_prefetched() -> None:
     data = SyncData(40)
     with DataLoader(data, batch_size=4, num_workers=4, prefetch_depth=2) as loader:

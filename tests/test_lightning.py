@@ -1,0 +1,79 @@
+"""A Lightning ``Trainer`` checkpoints the loader and resumes it exactly (pytorch-lightning,
+real): from a checkpoint every N steps, the one on an epoch's last batch too, the resumed
+run trains on the batches the uninterrupted one trained on next."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from asyncloader import DataLoader
+
+BATCHES = 13
+"""Batches an epoch: 100 items, batch 8."""
+
+pytestmark = [
+    # Lightning's advice (more workers, the callbacks to pass again), and its use of a torch
+    # API that torch 2.13 deprecates: not the loader's.
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)`:FutureWarning"),
+]
+
+
+class Items:
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.array([index], dtype=np.float32)
+
+
+class Recorded(pl.LightningModule):
+    """Records the items of every batch it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        self.seen.append([int(value) for value in batch.flatten()])
+        loss: torch.Tensor = self.layer(torch.as_tensor(batch)).sum()
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def fit(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: Any) -> list[Any]:
+    """The batches one ``Trainer.fit`` trained on, over a fresh loader."""
+    module = Recorded()
+    trainer = pl.Trainer(
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        **settings,
+    )
+    loader = DataLoader(Items(), batch_size=8, shuffle=True, seed=3, num_workers=2)
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    return module.seen
+
+
+@pytest.mark.parametrize("every", [5, BATCHES, BATCHES + 1])
+def test_a_checkpoint_every_n_steps_resumes_exactly(tmp_path: pathlib.Path, every: int) -> None:
+    whole = fit(tmp_path / "whole", max_epochs=2, enable_checkpointing=False)
+    saved = ModelCheckpoint(dirpath=tmp_path / "saved", every_n_train_steps=every, save_top_k=-1)
+    first = fit(tmp_path / "first", max_epochs=2, max_steps=every, callbacks=[saved])
+    (checkpoint,) = (tmp_path / "saved").iterdir()
+    rest = fit(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=2)
+    assert len(first) == every
+    assert first + rest == whole
