@@ -303,7 +303,21 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
-        """The number of the epoch the next iteration runs (0 for the first)."""
+        """The number of the epoch the next iteration runs (0 for the first).
+
+        An epoch whose iterator has given nothing yet is run again by the next iteration:
+        one made and dropped (Lightning's ``Trainer`` makes one to check that the loader is
+        iterable) is not counted, so the epochs are numbered as the consumer received them.
+        """
+        previous = self._progress
+        if (
+            self._resume is None
+            and previous is not None
+            and not previous.done
+            and previous.received == 0
+            and previous.offset == 0  # an elastic epoch's start needs its loaded state
+        ):
+            return previous.epoch
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -366,6 +380,7 @@ class DataLoader:
 
         After a loaded state, the batches already received are left out, never fetched.
         """
+        self._epoch = self.epoch
         resume, self._resume = self._resume, None
         batches, progress, items = self._epochs.start(self._epoch, resume, self._runtime_here().io)
         self._epoch = progress.epoch + 1

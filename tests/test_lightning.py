@@ -1,6 +1,7 @@
 """A Lightning ``Trainer`` checkpoints the loader and resumes it exactly (pytorch-lightning,
-real): from a checkpoint every N steps, the one on an epoch's last batch too, the resumed
-run trains on the batches the uninterrupted one trained on next."""
+real): from a checkpoint every N steps, the one on an epoch's last batch too, and from the
+one its ``ModelCheckpoint`` writes at each epoch's end, the resumed run trains on the batches
+the uninterrupted one trained on next."""
 
 from __future__ import annotations
 
@@ -77,3 +78,56 @@ def test_a_checkpoint_every_n_steps_resumes_exactly(tmp_path: pathlib.Path, ever
     rest = fit(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=2)
     assert len(first) == every
     assert first + rest == whole
+
+
+class Data(pl.LightningDataModule):
+    """The loader in a data module that keeps its state in every checkpoint, as
+    docs/checkpointing.md says: Lightning restores a loader's own state only inside an epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loader = DataLoader(Items(), batch_size=8, shuffle=True, seed=3, num_workers=2)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+
+
+def fit_data(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: Any) -> Any:
+    module = Recorded()
+    trainer = pl.Trainer(
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        **settings,
+    )
+    trainer.fit(module, datamodule=Data(), ckpt_path=ckpt_path)
+    return module.seen
+
+
+def test_the_checkpoint_at_an_epochs_end_resumes_exactly(tmp_path: pathlib.Path) -> None:
+    whole = fit_data(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+    first = fit_data(tmp_path / "first", max_epochs=1)  # its ModelCheckpoint saves at the end
+    (checkpoint,) = (tmp_path / "first").rglob("*.ckpt")
+    rest = fit_data(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=3)
+    assert len(first) == BATCHES
+    assert len(rest) == 2 * BATCHES
+    assert first + rest == whole
+    assert whole[:BATCHES] == fit(tmp_path / "plain", max_epochs=1)  # epoch 0 either way
+
+
+def test_a_data_module_resumes_exactly_inside_an_epoch_too(tmp_path: pathlib.Path) -> None:
+    whole = fit_data(tmp_path / "whole", max_epochs=2, enable_checkpointing=False)
+    saved = ModelCheckpoint(dirpath=tmp_path / "saved", every_n_train_steps=5, save_top_k=-1)
+    fit_data(tmp_path / "first", max_epochs=2, max_steps=5, callbacks=[saved])
+    (checkpoint,) = (tmp_path / "saved").iterdir()
+    rest = fit_data(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=2)
+    assert whole[5:] == rest

@@ -121,6 +121,24 @@ def test_a_state_after_an_epochs_last_batch_starts_the_next_epoch(
         assert [batch.tolist() for batch in restored] == next_epoch
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterator_made_and_dropped_is_not_counted_as_an_epoch(num_workers: int) -> None:
+    """Lightning's Trainer makes one to check that the loader is iterable: the epoch it
+    started runs again, so that the epochs are numbered as the consumer received them."""
+    with _loader("shuffle", False, num_workers, 1) as reference:
+        epochs = [[batch.tolist() for batch in reference] for _ in range(2)]
+    with _loader("shuffle", False, num_workers, 1) as loader:
+        iterator = iter(loader)
+        del iterator
+        assert loader.epoch == 0
+        assert loader.state_dict()["epoch"] == 0
+        assert [[batch.tolist() for batch in loader] for _ in range(2)] == epochs
+        assert loader.epoch == 2
+        iterator = iter(loader)
+        next(iterator)  # a batch received: the epoch counts
+        assert loader.epoch == 3
+
+
 def test_the_state_counts_what_was_received_not_prefetched() -> None:
     data = SyncData(40)
     with DataLoader(data, batch_size=4, num_workers=4, prefetch_depth=2) as loader:
