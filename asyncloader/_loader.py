@@ -315,6 +315,7 @@ class DataLoader:
             and previous is not None
             and not previous.done
             and previous.received == 0
+            and previous.batches != 0  # an empty epoch is over once it starts
             and previous.offset == 0  # an elastic epoch's start needs its loaded state
         ):
             return previous.epoch

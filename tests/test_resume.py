@@ -139,6 +139,14 @@ def test_an_iterator_made_and_dropped_is_not_counted_as_an_epoch(num_workers: in
         assert loader.epoch == 3
 
 
+def test_an_empty_epoch_made_and_dropped_is_over() -> None:
+    """It has nothing to give: the epoch and the state both name the next one."""
+    with DataLoader(SyncData(0), batch_size=2) as loader:
+        iterator = iter(loader)
+        del iterator
+        assert (loader.epoch, loader.state_dict()["epoch"]) == (1, 1)
+
+
 def test_the_state_counts_what_was_received_not_prefetched() -> None:
     data = SyncData(40)
     with DataLoader(data, batch_size=4, num_workers=4, prefetch_depth=2) as loader:
