@@ -35,7 +35,7 @@ class Items:
         return np.array([index], dtype=np.float32)
 
 
-class Recorded(pl.LightningModule):
+class Recorded(pl.LightningModule):  # type: ignore[misc,unused-ignore]
     """Records the items of every batch it trains on."""
 
     def __init__(self) -> None:
@@ -80,7 +80,7 @@ def test_a_checkpoint_every_n_steps_resumes_exactly(tmp_path: pathlib.Path, ever
     assert first + rest == whole
 
 
-class Data(pl.LightningDataModule):
+class Data(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
     """The loader in a data module that keeps its state in every checkpoint, as
     docs/checkpointing.md says: Lightning restores a loader's own state only inside an epoch."""
 
