@@ -31,7 +31,7 @@ class Items:
     def __len__(self) -> int:
         return 100
 
-    def __getitem__(self, index: int) -> np.ndarray:
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
         return np.array([index], dtype=np.float32)
 
 
