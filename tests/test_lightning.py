@@ -52,8 +52,14 @@ class Recorded(pl.LightningModule):  # type: ignore[misc,unused-ignore]
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def fit(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: Any) -> list[Any]:
-    """The batches one ``Trainer.fit`` trained on, over a fresh loader."""
+def fit(
+    root: pathlib.Path,
+    ckpt_path: pathlib.Path | None = None,
+    data_module: bool = False,
+    **settings: Any,
+) -> list[Any]:
+    """The batches one ``Trainer.fit`` trained on, over a fresh loader (in a :class:`Data`
+    with ``data_module``)."""
     module = Recorded()
     trainer = pl.Trainer(
         default_root_dir=root,
@@ -64,9 +70,15 @@ def fit(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: A
         devices=1,
         **settings,
     )
-    loader = DataLoader(Items(), batch_size=8, shuffle=True, seed=3, num_workers=2)
-    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    if data_module:
+        trainer.fit(module, datamodule=Data(), ckpt_path=ckpt_path)
+    else:
+        trainer.fit(module, loader(), ckpt_path=ckpt_path)
     return module.seen
+
+
+def loader() -> DataLoader:
+    return DataLoader(Items(), batch_size=8, shuffle=True, seed=3, num_workers=2)
 
 
 @pytest.mark.parametrize("every", [5, BATCHES, BATCHES + 1])
@@ -86,7 +98,7 @@ class Data(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
 
     def __init__(self) -> None:
         super().__init__()
-        self.loader = DataLoader(Items(), batch_size=8, shuffle=True, seed=3, num_workers=2)
+        self.loader = loader()
 
     def train_dataloader(self) -> DataLoader:
         return self.loader
@@ -98,26 +110,13 @@ class Data(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
         self.loader.load_state_dict(state["loader"])
 
 
-def fit_data(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: Any) -> Any:
-    module = Recorded()
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        **settings,
-    )
-    trainer.fit(module, datamodule=Data(), ckpt_path=ckpt_path)
-    return module.seen
-
-
 def test_the_checkpoint_at_an_epochs_end_resumes_exactly(tmp_path: pathlib.Path) -> None:
-    whole = fit_data(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
-    first = fit_data(tmp_path / "first", max_epochs=1)  # its ModelCheckpoint saves at the end
+    whole = fit(tmp_path / "whole", data_module=True, max_epochs=3, enable_checkpointing=False)
+    first = fit(
+        tmp_path / "first", data_module=True, max_epochs=1
+    )  # its ModelCheckpoint saves at the end
     (checkpoint,) = (tmp_path / "first").rglob("*.ckpt")
-    rest = fit_data(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=3)
+    rest = fit(tmp_path / "rest", checkpoint, data_module=True, max_epochs=3)
     assert len(first) == BATCHES
     assert len(rest) == 2 * BATCHES
     assert first + rest == whole
@@ -125,9 +124,9 @@ def test_the_checkpoint_at_an_epochs_end_resumes_exactly(tmp_path: pathlib.Path)
 
 
 def test_a_data_module_resumes_exactly_inside_an_epoch_too(tmp_path: pathlib.Path) -> None:
-    whole = fit_data(tmp_path / "whole", max_epochs=2, enable_checkpointing=False)
+    whole = fit(tmp_path / "whole", data_module=True, max_epochs=2, enable_checkpointing=False)
     saved = ModelCheckpoint(dirpath=tmp_path / "saved", every_n_train_steps=5, save_top_k=-1)
-    fit_data(tmp_path / "first", max_epochs=2, max_steps=5, callbacks=[saved])
+    fit(tmp_path / "first", data_module=True, max_epochs=2, max_steps=5, callbacks=[saved])
     (checkpoint,) = (tmp_path / "saved").iterdir()
-    rest = fit_data(tmp_path / "rest", ckpt_path=checkpoint, max_epochs=2)
+    rest = fit(tmp_path / "rest", checkpoint, data_module=True, max_epochs=2)
     assert whole[5:] == rest

@@ -170,13 +170,18 @@ def _number(field: bytes) -> int | None:
 
 
 def unsigned_checksum(block: bytes) -> int:
-    """tar's checksum of a header: the sum of its bytes, its checksum field counted as spaces.
+    """tar's checksum of a header: the sum of its bytes, its checksum field counted as spaces."""
+    return _halves_checksum(block[:256], block[256:])
+
+
+def _halves_checksum(first: bytes, second: bytes) -> int:
+    """:func:`unsigned_checksum` of the header whose halves these are.
 
     Adler-32's first half is one plus the sum of the bytes, modulo 65521, which 256 bytes
     never reach: a header's sum in two calls, against a Python loop over its 512 bytes.
     """
-    halves = (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
-    return halves - sum(block[148:156]) + 256
+    halves = (zlib.adler32(first) & 0xFFFF) + (zlib.adler32(second) & 0xFFFF) - 2
+    return halves - sum(first[148:156]) + 256
 
 
 class TarParser:
@@ -380,7 +385,6 @@ class TarParser:
             return at
         limit = self.max_bytes
         halves, fields = _HALVES.unpack_from, _FIELDS.unpack_from
-        adler32 = zlib.adler32
         while end - at >= BLOCK:
             first, second = halves(view, at)
             name_field, size_field, sum_field, kind = fields(first)
@@ -391,20 +395,18 @@ class TarParser:
                 size = int(digits, 8)
             except ValueError:  # an 8 or a 9
                 return at
-            # As unsigned_checksum sums a header, from the two halves already copied out.
-            unsigned = (adler32(first) & 0xFFFF) + (adler32(second) & 0xFFFF) - sum(sum_field) + 254
-            if sum_field != b"%06o\0 " % unsigned:
+            if sum_field != b"%06o\0 " % _halves_checksum(first, second):
                 return at
             data_at = at + BLOCK
             next_at = data_at + size + -size % BLOCK
             if next_at > end:
                 return at
-            nul = name_field.find(0)
+            nul = name_field.find(0)  # _text's work, inline: this runs for every member
             name = (name_field if nul < 0 else name_field[:nul]).decode("utf-8", "surrogateescape")
-            dot = name.find(".")
-            if dot <= 0 or "/" in name or "__" in name:
+            parts = None if "/" in name or "__" in name else split_name(name)
+            if parts is None:
                 return at
-            key, extension = name[:dot], name[dot + 1 :].lower()  # never one of _OWN: "__"
+            key, extension = parts  # never one of _OWN, which have "__"
             sample = self._sample
             if sample is None or sample["__key__"] != key:
                 if limit is not None and size > limit:
