@@ -30,20 +30,23 @@ from ._worker import FETCH, FINISH
 
 _SPLIT_S = 0.002
 """A batch fetched whole has its transforms split over the CPU threads when they take at
-least this long in all (by the loader's mean so far; the first batch always is): a part costs
-a thread hop, tens of microseconds, and a batch split over two cores is ready in about half
-the time, with a batch less memory at the peak (docs/performance.md)."""
+least this long in all (by the loader's typical transform so far; the first batch always is):
+a part costs a thread hop, tens of microseconds, and a batch split over two cores is ready in
+about half the time, with a batch less memory at the peak (docs/performance.md)."""
 
 _INLINE_S = 50e-6
 """A batch's CPU work runs on the event loop, not the CPU pool, once the loader's batches so far
-(since it was built, or its statistics reset) took less than this each, by the means of their
-transforms and collations (the first batch always goes to the pool): the hop to a pool thread
+(since it was built, or its statistics reset) took less than this each, by their typical
+transform and collation (the first batch always goes to the pool): the hop to a pool thread
 and back costs the process more CPU than that work, and it holds the loop no longer than a
 callback of its own (docs/performance.md)."""
 _INLINE_ITEM_S = 20e-6
 """An item a lane fetched is transformed by the lane itself, not handed to the CPU pool, once
-the loader's transforms so far took less than this on average (the first always goes to the
-pool): the one hop to a pool thread costs more CPU than that transform."""
+the loader's typical transform so far took less than this (the first always goes to the pool):
+the one hop to a pool thread costs more CPU than that transform.
+
+"Typical" is the median of a stage's recent runs (``_Timing.typical``), not the mean since the
+start, which one slow early run would hold over the threshold for tens of runs."""
 
 
 class _Scope:
@@ -162,9 +165,9 @@ class EpochContext:
         else :meth:`finish`): on the event loop when the loader's batches so far were cheaper
         than a thread hop (see _INLINE_S), else on the CPU pool."""
         work = self.collate_only if transformed else self.finish
-        collate = self.recorder.collate.mean
+        collate = self.recorder.collate.typical
         untimed = transformed or self.transform is None
-        transform = 0.0 if untimed else self.recorder.transform.mean
+        transform = 0.0 if untimed else self.recorder.transform.typical
         cost = None if collate is None or transform is None else collate + transform * len(items)
         if cost is not None and cost < _INLINE_S:
             return work(indices, items)
@@ -173,8 +176,8 @@ class EpochContext:
 
     def cheap_transform(self) -> bool:
         """Whether a lane transforms its item itself (see _INLINE_ITEM_S)."""
-        mean = self.recorder.transform.mean
-        return mean is not None and mean < _INLINE_ITEM_S
+        typical = self.recorder.transform.typical
+        return typical is not None and typical < _INLINE_ITEM_S
 
     def finish(self, indices: Sequence[int], items: list[Any]) -> Batch:
         """Transform and collate (one CPU job)."""
@@ -193,8 +196,8 @@ class EpochContext:
         threads = self.cpu.max_threads
         if self.transform is None or threads < 2 or items < 2:
             return 1
-        mean = self.recorder.transform.mean
-        if mean is not None and mean * items < _SPLIT_S:
+        typical = self.recorder.transform.typical
+        if typical is not None and typical * items < _SPLIT_S:
             return 1
         return min(threads, items)
 

@@ -13,12 +13,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Final, Literal
 
 from ._settings import available_cpus
 
 _SAMPLES: Final = 4096
 """Durations kept per stage for the percentiles (the most recent ones)."""
+_RECENT: Final = 31
+"""Runs whose median is a stage's typical duration (odd: one middle run)."""
 
 current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
     "asyncloader_recorder", default=None
@@ -61,22 +64,39 @@ class StageStats:
 
 
 class _Timing:
-    __slots__ = ("count", "samples", "total")
+    __slots__ = ("_typical_at", "count", "samples", "total", "typical")
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
         self.samples: deque[float] = deque(maxlen=_SAMPLES)
+        self.typical: float | None = None
+        """The median of the most recent runs (``None`` before the first): the figure the
+        loader's where-to-run decisions read, which one slow run (a new thread's first, a
+        preempted one) cannot hold up for long as it holds up the mean. Refreshed by the
+        writer, which holds the recorder's lock: a reader on any thread reads one float."""
+        self._typical_at = 0
 
     def add(self, seconds: float) -> None:
         self.count += 1
         self.total += seconds
         self.samples.append(seconds)
+        if self.count >= self._typical_at:
+            self._refresh()
 
     def add_all(self, durations: list[float]) -> None:
         self.count += len(durations)
         self.total += sum(durations)
         self.samples.extend(durations)
+        if self.count >= self._typical_at:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        # After every run while there are fewer than _RECENT, then every _RECENT runs: a
+        # sort of a few dozen floats now and then, not per run.
+        recent = sorted(islice(reversed(self.samples), _RECENT))
+        self.typical = recent[len(recent) // 2] if recent else None
+        self._typical_at = self.count + (1 if self.count < _RECENT else _RECENT)
 
     @property
     def mean(self) -> float | None:

@@ -515,3 +515,31 @@ def test_an_item_transform_cheaper_than_a_thread_hop_runs_in_its_lane(kind: str,
     assert where["cheap"][0].startswith("asyncloader-cpu")
     assert all(name.startswith(lane) for name in where["cheap"][8:])
     assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "lane"), [("async", "asyncloader-loop"), ("sync", "asyncloader-io")]
+)
+def test_one_slow_transform_does_not_keep_cheap_ones_off_their_lanes(kind: str, lane: str) -> None:
+    # Cheap transforms run in their lanes; one far over the hop (a preempted one, a garbage
+    # collection in the middle of it) is the one figure it is: the cheap ones after it stay.
+    where: list[str] = []
+
+    def one_slow(index: int, item: int) -> int:
+        where.append(threading.current_thread().name)
+        if index == 48:
+            spin(0.005)
+        return item * 10
+
+    data = _make(kind, 96, 0.0)
+    with DataLoader(
+        data,
+        batch_size=8,
+        transform=one_slow,
+        num_workers=1,
+        item_concurrency=1 + (kind == "sync"),  # a sync dataset's lanes from 2
+    ) as loader:
+        assert [batch.tolist() for batch in loader] == [
+            [i * 10 for i in range(s, s + 8)] for s in range(0, 96, 8)
+        ]
+    assert all(name.startswith(lane) for name in where[40:])
