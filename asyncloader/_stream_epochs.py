@@ -174,7 +174,13 @@ class StreamEpochs:
         """
         length = stream_length(self.dataset)
         if length is None:
-            raise TypeError(f"{type(self.dataset).__name__} is a stream with no __len__")
+            name = type(self.dataset).__name__
+            if hasattr(self.dataset, "__len__"):  # one that refuses says why
+                try:
+                    len(self.dataset)
+                except (TypeError, NotImplementedError) as error:
+                    raise TypeError(f"{name} is a stream with no len(): {error}") from None
+            raise TypeError(f"{name} is a stream with no __len__")
         settings = self._settings
         return batch_count(length, settings.batch_size, settings.drop_last)
 

@@ -1,11 +1,14 @@
 """A Lightning ``Trainer`` checkpoints the loader and resumes it exactly (pytorch-lightning,
 real): from a checkpoint every N steps, the one on an epoch's last batch too, and from the
 one its ``ModelCheckpoint`` writes at each epoch's end, the resumed run trains on the batches
-the uninterrupted one trained on next."""
+the uninterrupted one trained on next; tar shards too, given their length."""
 
 from __future__ import annotations
 
+import io
 import pathlib
+import tarfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from asyncloader import DataLoader
+from asyncloader import DataLoader, FileDataset, TarShards
 
 BATCHES = 13
 """Batches an epoch: 100 items, batch 8."""
@@ -56,10 +59,11 @@ def fit(
     root: pathlib.Path,
     ckpt_path: pathlib.Path | None = None,
     data_module: bool = False,
+    make: Callable[[], DataLoader] | None = None,
     **settings: Any,
 ) -> list[Any]:
-    """The batches one ``Trainer.fit`` trained on, over a fresh loader (in a :class:`Data`
-    with ``data_module``)."""
+    """The batches one ``Trainer.fit`` trained on, over a fresh loader (``make()``, else
+    :func:`loader`; in a :class:`Data` with ``data_module``)."""
     module = Recorded()
     trainer = pl.Trainer(
         default_root_dir=root,
@@ -73,7 +77,7 @@ def fit(
     if data_module:
         trainer.fit(module, datamodule=Data(), ckpt_path=ckpt_path)
     else:
-        trainer.fit(module, loader(), ckpt_path=ckpt_path)
+        trainer.fit(module, (make or loader)(), ckpt_path=ckpt_path)
     return module.seen
 
 
@@ -130,3 +134,43 @@ def test_a_data_module_resumes_exactly_inside_an_epoch_too(tmp_path: pathlib.Pat
     (checkpoint,) = (tmp_path / "saved").iterdir()
     rest = fit(tmp_path / "rest", checkpoint, data_module=True, max_epochs=2)
     assert whole[5:] == rest
+
+
+def write_shards(folder: pathlib.Path) -> list[str]:
+    """The 100 items of :class:`Items` as four tar shards of 25 samples (a ``cls`` each)."""
+    names = []
+    for shard in range(4):
+        names.append(f"shard-{shard}.tar")
+        with tarfile.open(folder / names[-1], "w") as archive:
+            for item in range(shard * 25, shard * 25 + 25):
+                data = str(item).encode()
+                info = tarfile.TarInfo(f"{item:03d}.cls")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return names
+
+
+def label(index: int, sample: dict[str, Any]) -> np.ndarray[Any, Any]:
+    return np.array([int(sample["cls"])], dtype=np.float32)
+
+
+@pytest.mark.parametrize("every", [5, BATCHES])
+def test_tar_shards_of_a_given_length_resume_exactly(tmp_path: pathlib.Path, every: int) -> None:
+    # With no len() the Trainer reads a batch ahead to find the epoch's end, and the state
+    # counts it: `length` gives the stream its len(), and the Trainer reads none ahead.
+    names = write_shards(tmp_path)
+
+    def make() -> DataLoader:
+        shards = TarShards(
+            FileDataset(names, root=tmp_path), shuffle=True, shuffle_buffer=16, length=100
+        )
+        return DataLoader(shards, batch_size=8, seed=3, transform=label)
+
+    whole = fit(tmp_path / "whole", make=make, max_epochs=2, enable_checkpointing=False)
+    saved = ModelCheckpoint(dirpath=tmp_path / "saved", every_n_train_steps=every, save_top_k=-1)
+    first = fit(tmp_path / "first", make=make, max_epochs=2, max_steps=every, callbacks=[saved])
+    (checkpoint,) = (tmp_path / "saved").iterdir()
+    rest = fit(tmp_path / "rest", ckpt_path=checkpoint, make=make, max_epochs=2)
+    assert sorted(i for batch in whole[:BATCHES] for i in batch) == list(range(100))
+    assert len(whole) == 2 * BATCHES
+    assert first + rest == whole

@@ -82,6 +82,15 @@ def test_rows_come_out_as_dicts_row_group_by_row_group(folder: Path) -> None:
     }
 
 
+def test_length_gives_the_loader_a_len(folder: Path) -> None:
+    dataset = ParquetShards(FileDataset(names(), root=folder), length=SHARDS * ROWS)
+    with DataLoader(dataset, batch_size=7, collate_fn=list) as loader:
+        assert len(loader) == 22  # 150 rows
+        assert len(ids(loader)) == SHARDS * ROWS
+    with pytest.raises(ValueError, match="length must be at least 0"):
+        ParquetShards(FileDataset(names(), root=folder), length=-1)
+
+
 def test_columns_can_be_selected(folder: Path) -> None:
     dataset = ParquetShards(FileDataset(names(), root=folder), columns=["id"])
     with DataLoader(dataset, batch_size=10, collate_fn=list) as loader:

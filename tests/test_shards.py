@@ -107,6 +107,19 @@ def on_files(folder: Path, **settings: Any) -> TarShards:
     return TarShards(FileDataset(names(), root=folder), **settings)
 
 
+def test_length_gives_the_stream_and_its_loader_a_len_and_changes_nothing_else(
+    folder: Path,
+) -> None:
+    loader = DataLoader(on_files(folder, length=SHARDS * PER_SHARD), batch_size=4, collate_fn=list)
+    assert len(loader) == 11  # 42 samples
+    assert keys(loader) == keys(DataLoader(on_files(folder), batch_size=4, collate_fn=list))
+    with pytest.raises(TypeError, match=r"TarShards is a stream with no len\(\): .*length="):
+        len(DataLoader(on_files(folder), batch_size=4))
+    for bad, error in (("42", TypeError), (-1, ValueError), (True, TypeError)):
+        with pytest.raises(error, match="length"):
+            on_files(folder, length=bad)
+
+
 def test_a_sample_is_the_members_that_share_a_key(folder: Path) -> None:
     with DataLoader(on_files(folder, interleave=1), batch_size=5, collate_fn=list) as loader:
         got = [sample for batch in loader for sample in batch]

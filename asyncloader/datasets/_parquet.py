@@ -199,8 +199,8 @@ class ParquetShards(ShardStream):
         columns: The columns read (all by default): each name a column, or a field nested
             in one; a name that a shard does not have fails that shard, and so does reading
             a column named ``__shard__`` or ``__row__`` (the loader's keys).
-        interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says (``buffer``
-            counts rows).
+        interleave, shuffle, shuffle_buffer, buffer, length: As :class:`TarShards` says
+            (``buffer`` and ``length`` count rows).
         max_bytes: The largest row group accepted, of the columns read: its uncompressed
             size in the footer, and the fewest bytes its count of values decodes to, both
             checked before it is read; then its rows' size once decoded (dictionaries and
@@ -224,6 +224,7 @@ class ParquetShards(ShardStream):
         shuffle_buffer: int = 0,
         buffer: int = 1024,
         max_bytes: int | None = None,
+        length: int | None = None,
     ) -> None:
         try:
             import pyarrow.parquet  # noqa: F401
@@ -245,6 +246,7 @@ class ParquetShards(ShardStream):
             shuffle=shuffle,
             shuffle_buffer=shuffle_buffer,
             buffer=buffer,
+            length=length,
         )
         self.columns = None if columns is None else list(columns)
         self.max_bytes = _check_max_bytes(max_bytes)

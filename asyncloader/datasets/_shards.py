@@ -187,7 +187,7 @@ class ShardStream:
 
     Args:
         shards: The dataset whose items are the shards.
-        interleave, shuffle, shuffle_buffer, buffer: As :class:`TarShards` says.
+        interleave, shuffle, shuffle_buffer, buffer, length: As :class:`TarShards` says.
     """
 
     reads_with = "stream"
@@ -201,6 +201,7 @@ class ShardStream:
         shuffle: bool,
         shuffle_buffer: int,
         buffer: int,
+        length: int | None,
     ) -> None:
         method = self.reads_with
         if not callable(getattr(shards, method, None)) or not hasattr(shards, "__len__"):
@@ -213,11 +214,26 @@ class ShardStream:
         self.shuffle = check_bool("shuffle", shuffle)
         self.shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, 0)
         self.buffer = check_int("buffer", buffer, 1)
+        self.length = None if length is None else check_int("length", length, 0)
         self._walk: Walk | None = None
         self._loaded: Walk | None = None
 
     def _producer(self, index: int, blocking: Blocking) -> Callable[[Shard], Awaitable[None]]:
         raise NotImplementedError
+
+    def __len__(self) -> int:
+        """The ``length`` given: the samples a rank reads in an epoch, as its user says.
+
+        Raises:
+            TypeError: No ``length`` was given (the loader then has no ``len()``, as in
+                torch for a stream without one).
+        """
+        if self.length is None:
+            raise TypeError(
+                f"{type(self).__name__} has no length: pass length= (the samples each rank "
+                "reads in an epoch) to give it and its loader a len()"
+            )
+        return self.length
 
     def order(self, info: StreamInfo) -> list[int]:
         """The shards this rank reads in the epoch ``info`` names, in order.
@@ -450,6 +466,12 @@ class TarShards(ShardStream):
         max_bytes: The largest sample accepted: its members' sizes together, each member
             after the first counted as at least one 512-byte tar block, so that many empty
             members are bounded too (checked from each member's header before it is read).
+        length: The samples a rank reads in an epoch, if you know it (from the shards'
+            writer): the stream's ``len()``, so that the loader has one. It does not cut or
+            pad the epoch, which ends with the shards; a stream that gives more is logged
+            once an epoch, as torch warns. Lightning's ``Trainer`` needs it to resume
+            exactly: without a ``len()`` it reads a batch ahead to find the epoch's end, and
+            the checkpoint counts that batch as trained on (docs/checkpointing.md).
 
     Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
     of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.
@@ -468,6 +490,7 @@ class TarShards(ShardStream):
         shuffle_buffer: int = 0,
         buffer: int = 64,
         max_bytes: int | None = None,
+        length: int | None = None,
     ) -> None:
         super().__init__(
             shards,
@@ -475,6 +498,7 @@ class TarShards(ShardStream):
             shuffle=shuffle,
             shuffle_buffer=shuffle_buffer,
             buffer=buffer,
+            length=length,
         )
         self.max_bytes = _check_max_bytes(max_bytes)
 
