@@ -483,6 +483,21 @@ def test_a_collation_cheaper_than_a_thread_hop_runs_on_the_event_loop(kind: str)
     assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
 
 
+def run_times_ten(kind: str, items: int, transform: Any) -> None:
+    """An epoch of ``items`` in batches of 8 through ``transform`` (which multiplies each by
+    10), one lane (a sync dataset's lanes from 2), its batches checked."""
+    with DataLoader(
+        _make(kind, items, 0.0),
+        batch_size=8,
+        transform=transform,
+        num_workers=1,
+        item_concurrency=1 + (kind == "sync"),
+    ) as loader:
+        assert [batch.tolist() for batch in loader] == [
+            [i * 10 for i in range(s, s + 8)] for s in range(0, items, 8)
+        ]
+
+
 @pytest.mark.parametrize(
     ("kind", "lane"), [("async", "asyncloader-loop"), ("sync", "asyncloader-io")]
 )
@@ -501,17 +516,7 @@ def test_an_item_transform_cheaper_than_a_thread_hop_runs_in_its_lane(kind: str,
         return item * 10
 
     for transform in (cheap, costly):
-        data = _make(kind, 48, 0.0)
-        with DataLoader(
-            data,
-            batch_size=8,
-            transform=transform,
-            num_workers=1,
-            item_concurrency=1 + (kind == "sync"),
-        ) as loader:
-            assert [batch.tolist() for batch in loader] == [
-                [i * 10 for i in range(s, s + 8)] for s in range(0, 48, 8)
-            ]
+        run_times_ten(kind, 48, transform)
     assert where["cheap"][0].startswith("asyncloader-cpu")
     assert all(name.startswith(lane) for name in where["cheap"][8:])
     assert all(name.startswith("asyncloader-cpu") for name in where["costly"])
@@ -531,15 +536,5 @@ def test_one_slow_transform_does_not_keep_cheap_ones_off_their_lanes(kind: str, 
             spin(0.005)
         return item * 10
 
-    data = _make(kind, 96, 0.0)
-    with DataLoader(
-        data,
-        batch_size=8,
-        transform=one_slow,
-        num_workers=1,
-        item_concurrency=1 + (kind == "sync"),  # a sync dataset's lanes from 2
-    ) as loader:
-        assert [batch.tolist() for batch in loader] == [
-            [i * 10 for i in range(s, s + 8)] for s in range(0, 96, 8)
-        ]
+    run_times_ten(kind, 96, one_slow)
     assert all(name.startswith(lane) for name in where[40:])
