@@ -98,11 +98,6 @@ class _Timing:
         self.typical = recent[len(recent) // 2] if recent else None
         self._typical_at = self.count + (1 if self.count < _RECENT else _RECENT)
 
-    @property
-    def mean(self) -> float | None:
-        """The mean of the times added, ``None`` before the first."""
-        return self.total / self.count if self.count else None
-
     def snapshot(self) -> StageStats:
         if not self.count:
             return StageStats()
