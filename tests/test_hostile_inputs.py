@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yarl
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -166,6 +166,11 @@ def test_values_that_make_a_relative_path_absolute_are_refused(
     assert data.locations[1] == "train/1.bin"
     with pytest.raises(ValueError, match=r"\{index:c\}"):
         FileDataset(Template("{index:c}.bin"), length=100, root=where)
+    # An absolute pattern too: index 0 renders as NUL, 47 as '/'.
+    with pytest.raises(ValueError, match=r"\{index:c\}"):
+        FileDataset(Template(str(tmp_path) + "/{index:c}.bin"), length=100, root=where)
+    with pytest.raises(ValueError, match=r"\{index:c\}"):
+        ObjectStoreDataset("memory://", Template("/{index:c}/k"), length=100)
     with pytest.raises(ValueError, match="absolute path"):
         ObjectStoreDataset("memory://", Template("{a}/k", a=[""])).locations[0]
 
@@ -185,6 +190,7 @@ SPECS = st.sampled_from(["", "d", "08d", "x", "o", "b", "c", ">5", "<3", "^4", "
     spec=SPECS,
     index=st.integers(0, 0x10FFFF),
 )
+@example(prefix="/", value="", spec="c", index=0)  # an absolute pattern's {index:c}: NUL
 def test_no_value_or_index_makes_a_relative_path_absolute_or_leave_its_component(
     prefix: str, value: str, spec: str, index: int
 ) -> None:

@@ -262,6 +262,7 @@ class Locations:
                 raise TypeError("a template with scalar columns only needs length=")
             if target != "url":
                 source.check_values(resolved)
+                source.refuse_index_chars()  # absolute patterns too: NUL and '/' are indices
             self.length = resolved
             self._digits = source.digits_pattern()
             # The pattern's own '.'/'..' components are the user's; values may add none.
@@ -269,7 +270,6 @@ class Locations:
             self._dots = _dot_components(shape, target)
             if target != "url" and not shape.startswith(("/", "\\")):
                 self._relative = redact_text(source.pattern)
-                source.refuse_index_chars()
         elif isinstance(source, str | bytes):
             raise TypeError(
                 "locations must be a list, a function or a Template, not one string"
