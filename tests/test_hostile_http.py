@@ -317,6 +317,29 @@ def test_a_body_cut_short_is_retried_saying_how_much_came() -> None:
 
 
 @pytest.mark.parametrize(
+    "retry_after",
+    [
+        "Mon, 01 Jan 2024 00:00:00 +99999999999999999999",  # a zone past C's int: overflow
+        "Fri, 31 Dec 9999 23:59:59 -2359",  # the furthest date there is
+        "nan",
+        "1e999",
+        "-5",
+        "\u00ff\u00fe",
+    ],
+)
+def test_a_503_with_any_retry_after_is_retried_within_max_backoff(retry_after: str) -> None:
+    # A date whose zone overflowed the standard library's arithmetic raised OverflowError
+    # out of the request: the item failed at once, not retried, naming no URL.
+    answers = iter(
+        [response(status=503, headers={"Retry-After": retry_after}), response(body=b"after")]
+    )
+    with run_raw_server(lambda path, headers: next(answers)) as server:
+        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(1, 0.01, 0.01)))
+    assert out == b"after"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
     ("encoding", "body"),
     [("gzip", gzip_bomb(256 << 20)), ("deflate", deflate_bomb(256 << 20))],
 )

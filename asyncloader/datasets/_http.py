@@ -51,7 +51,7 @@ def _retry_after(value: str | None) -> float | None:
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):  # a zone past C's int
             return None
         if when.tzinfo is None:  # an HTTP-date is GMT; a date without a zone is taken so
             when = when.replace(tzinfo=datetime.timezone.utc)
