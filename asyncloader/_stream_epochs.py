@@ -237,6 +237,10 @@ class StreamEpochs:
             raise ValueError(
                 f"an elastic resume needs one state of each of {first['world_size']} ranks"
             )
+        if first["batches_received"] == 0:
+            # No rank received a batch of this epoch (saved before its first, or after the
+            # last epoch's end): there is nothing to re-split, and these ranks start it afresh.
+            return self._adopt(first, None)
         load_elastic = getattr(self.dataset, "load_elastic", None)
         if load_elastic is None:
             raise ValueError(f"{name} cannot re-split an epoch over other ranks (no load_elastic)")
@@ -248,9 +252,13 @@ class StreamEpochs:
                 load_elastic(sources, self._order.rank, self._order.world_size)
         except Exception as error:
             raise ValueError(f"state source: {name}.load_elastic refused it: {error}") from error
+        return self._adopt(first, json.dumps(self.dataset.state_dict()))
+
+    def _adopt(self, first: dict[str, Any], own: str | None) -> Resume:
+        """The resume of an elastic state whose first rank's is ``first``: its epoch from
+        the start, with this rank's own stream state ``own`` (``None``: the stream's start)."""
         if not self._order.seed_given:
             self._order.adopt_seed(first["seed"])
-        own = json.dumps(self.dataset.state_dict())
         state = write_stream_state(self._expected(), self._order.rank, first["epoch"], 0, own)
         return Resume(first["epoch"], 0, self._order.world_size, 0, state)
 

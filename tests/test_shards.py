@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import itertools
 import json
 import os
 import tarfile
+import tempfile
 import threading
 import tracemalloc
 import warnings
@@ -20,6 +22,8 @@ from typing import Any, Literal
 
 import pytest
 import webdataset
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncloader import (
     DataLoader,
@@ -723,6 +727,105 @@ def test_a_state_of_two_ranks_resumes_over_another_number_of_ranks(
     assert sorted(before + after) == sorted(everything)  # nothing left out
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("batches", [0, 6])  # saved before the first batch; after the last
+def test_states_saved_at_an_epochs_edge_load_into_another_number_of_ranks(
+    folder: Path, world_size: int, batches: int
+) -> None:
+    # Each rank reads 21 samples, 6 batches of 4: after the sixth its state is the next
+    # epoch's start, which holds no position in a stream. Such states were refused ("a
+    # rank's state holds no state of the stream"), so a job checkpointed at an epoch's end
+    # could not resume on another number of ranks.
+    states, before = two_rank_states(folder, batches=batches)
+    assert len(before) == (42 if batches else 0)
+    epoch = 1 if batches else 0
+    assert {state["epoch"] for state in states} == {epoch}
+    after: list[str] = []
+    for rank in range(world_size):
+        restored = DataLoader(
+            mixed(folder), batch_size=4, rank=rank, world_size=world_size, seed=8, collate_fn=list
+        )
+        with restored:
+            restored.load_state_dict(states)
+            assert restored.epoch == epoch
+            assert restored.state_dict()["epoch"] == epoch
+            after += keys(restored)
+            assert restored.state_dict()["epoch"] == epoch + 1
+    everything = [k for shard in range(SHARDS) for k in keys_of(shard)]
+    assert sorted(after) == sorted(everything)  # the whole epoch, each sample once
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=3, max_size=7),
+    interleave=st.integers(1, 4),
+    shuffle=st.booleans(),
+    shuffle_buffer=st.sampled_from([0, 1, 3, 6]),
+    batch_size=st.integers(1, 5),
+    saved=st.integers(1, 3),
+    new=st.integers(1, 3),
+    taken=st.integers(0, 4),
+)
+def test_an_elastic_resume_never_loses_or_repeats_a_sample(
+    sizes: list[int],
+    interleave: int,
+    shuffle: bool,
+    shuffle_buffer: int,
+    batch_size: int,
+    saved: int,
+    new: int,
+    taken: int,
+) -> None:
+    # Shards of uneven sizes (empty ones too), any mixing, saved by `saved` ranks after
+    # `taken` batches each and loaded into `new` ranks: what the first ranks received and
+    # what the new ones read is the epoch, each sample once (or, where every first rank had
+    # read its whole epoch, the new ones read the next epoch whole). Refused: ranks whose
+    # epochs ended apart (uneven shares), which the states say.
+    everything = sorted(f"{s:02d}{i:04d}" for s, count in enumerate(sizes) for i in range(count))
+    with tempfile.TemporaryDirectory() as where:
+        folder = Path(where)
+        for shard, count in enumerate(sizes):
+            (folder / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, count))
+
+        def loader(rank: int, world_size: int) -> DataLoader:
+            return DataLoader(
+                TarShards(
+                    FileDataset(names(len(sizes)), root=folder),
+                    interleave=interleave,
+                    shuffle=shuffle,
+                    shuffle_buffer=shuffle_buffer,
+                ),
+                batch_size=batch_size,
+                rank=rank,
+                world_size=world_size,
+                seed=5,
+                collate_fn=list,
+            )
+
+        states, before = [], []
+        for rank in range(saved):
+            with loader(rank, saved) as first:
+                iterator: Any = iter(first)
+                for batch in itertools.islice(iterator, taken):
+                    before += [sample["__key__"] for sample in batch]
+                states.append(first.state_dict())
+                iterator.close()
+        states = json.loads(json.dumps(states))
+        if len({state["epoch"] for state in states}) > 1:
+            with pytest.raises(ValueError, match="differ in epoch"):
+                loader(0, new).load_state_dict(states)
+            return
+        if states[0]["epoch"] == 1:
+            assert sorted(before) == everything
+            before = []
+        after: list[str] = []
+        for rank in range(new):
+            with loader(rank, new) as restored:
+                restored.load_state_dict(states)
+                after += keys(restored)
+    assert sorted(before + after) == everything
+
+
 def test_a_hostile_elastic_plan_is_refused_naming_it(folder: Path) -> None:
     states, _ = two_rank_states(folder, batches=1)
     loader = DataLoader(mixed(folder), batch_size=4, rank=0, world_size=3, seed=8)
@@ -776,8 +879,11 @@ def test_an_elastic_resume_needs_every_rank_of_one_epoch(folder: Path) -> None:
     assert loader.state_dict()["batches_received"] == 0
     plain = DataLoader(Numbers(10), batch_size=4, seed=8)
     stream_states = [{**plain.state_dict(), "rank": r, "world_size": 2} for r in range(2)]
+    inside = [{**state, "batches_received": 1} for state in stream_states]
     with pytest.raises(ValueError, match="cannot re-split"):
-        plain.load_state_dict(stream_states)
+        plain.load_state_dict(inside)
+    plain.load_state_dict(stream_states)  # at the epoch's start: nothing to re-split
+    assert len([sample for batch in plain for sample in batch]) == 10
 
 
 def test_a_walk_of_another_epoch_seed_or_rank_is_refused_when_loaded(folder: Path) -> None:
