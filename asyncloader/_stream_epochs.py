@@ -63,8 +63,6 @@ class StreamExpected:
     world_size: int
     stateful: bool
     """Whether the stream has ``state_dict()`` and ``load_state_dict()``."""
-    length: int | None
-    """The stream's ``len()``, if it has one."""
 
 
 def write_stream_state(
@@ -115,13 +113,9 @@ def check_stream_state(state: object, expected: StreamExpected, elastic: bool = 
     source = state["source"]
     if source is not None and not expected.stateful:
         raise ValueError("state source holds a stream's own state, but this stream has none")
-    if expected.length is not None:
-        size = expected.batch_size or 1
-        bound = -(-expected.length // size)
-        if batches > bound:
-            raise ValueError(
-                f"state batches_received {batches} is past the end of its epoch ({bound})"
-            )
+    # No bound from len(): a stream may give more than it says (only logged), and the states
+    # saved past that point are its own. A resume without the stream's own state reads and
+    # drops batches_received batches, and stops at the stream's end.
     try:
         copy = json.loads(json.dumps(state))
     except (TypeError, ValueError) as error:
@@ -163,7 +157,6 @@ class StreamEpochs:
             drop_last=self._settings.drop_last,
             world_size=self._order.world_size,
             stateful=is_stateful(dataset),
-            length=stream_length(dataset),
         )
 
     def length(self) -> int:

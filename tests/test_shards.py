@@ -124,6 +124,22 @@ def test_length_gives_the_stream_and_its_loader_a_len_and_changes_nothing_else(
             on_files(folder, length=bad)
 
 
+@pytest.mark.parametrize("shuffle_buffer", [0, 5])
+def test_a_stream_longer_than_its_length_resumes_from_every_state_it_saved(
+    folder: Path, shuffle_buffer: int
+) -> None:
+    # length= is the user's count, not the stream's end: 42 samples said to be 20 make 11
+    # batches of 4 where len() says 5. The states saved after the sixth to the eleventh were
+    # refused when loaded ("batches_received 6 is past the end of its epoch (5)"), so a job
+    # whose length was low could not resume from its own checkpoints.
+    def make() -> DataLoader:
+        shards = on_files(folder, length=20, shuffle=True, shuffle_buffer=shuffle_buffer)
+        return DataLoader(shards, batch_size=4, seed=3, collate_fn=list)
+
+    assert len(make()) == 5
+    assert assert_equal_output_after_checkpoint(make, epochs=2) == 2 * (11 + 1) + 1
+
+
 def test_a_sample_is_the_members_that_share_a_key(folder: Path) -> None:
     with DataLoader(on_files(folder, interleave=1), batch_size=5, collate_fn=list) as loader:
         got = [sample for batch in loader for sample in batch]
