@@ -842,6 +842,60 @@ def test_an_elastic_resume_never_loses_or_repeats_a_sample(
     assert sorted(before + after) == everything
 
 
+@settings(max_examples=15, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 8), min_size=2, max_size=5),
+    interleave=st.integers(1, 3),
+    shuffle=st.booleans(),
+    shuffle_buffer=st.sampled_from([0, 1, 7]),
+    batch_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    num_workers=st.sampled_from([0, 3]),
+    world_size=st.integers(1, 2),
+    short=st.booleans(),
+    mode=st.sampled_from(["sync", "async"]),
+)
+def test_any_shard_layout_resumes_exactly_from_every_state(
+    sizes: list[int],
+    interleave: int,
+    shuffle: bool,
+    shuffle_buffer: int,
+    batch_size: int,
+    drop_last: bool,
+    num_workers: int,
+    world_size: int,
+    short: bool,
+    mode: str,
+) -> None:
+    # Uneven and empty shards, rank 0 of one or two, and a length= below what the rank
+    # reads (`short`): every state the loader saves over two epochs resumes exactly.
+    with tempfile.TemporaryDirectory() as where:
+        folder = Path(where)
+        for shard, count in enumerate(sizes):
+            (folder / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, count))
+
+        def make() -> DataLoader:
+            shards = TarShards(
+                FileDataset(names(len(sizes)), root=folder),
+                interleave=interleave,
+                shuffle=shuffle,
+                shuffle_buffer=shuffle_buffer,
+                length=sum(sizes) // 4 if short else None,
+            )
+            return DataLoader(
+                shards,
+                batch_size=batch_size,
+                drop_last=drop_last,
+                num_workers=num_workers,
+                rank=0,
+                world_size=world_size,
+                seed=3,
+                collate_fn=lambda samples: [sample["__key__"] for sample in samples],
+            )
+
+        assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) >= 3
+
+
 def test_a_hostile_elastic_plan_is_refused_naming_it(folder: Path) -> None:
     states, _ = two_rank_states(folder, batches=1)
     loader = DataLoader(mixed(folder), batch_size=4, rank=0, world_size=3, seed=8)
