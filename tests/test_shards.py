@@ -773,13 +773,13 @@ def test_states_saved_at_an_epochs_edge_load_into_another_number_of_ranks(
 
 @settings(max_examples=25, deadline=None)
 @given(
-    sizes=st.lists(st.integers(0, 9), min_size=3, max_size=7),
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=7),
     interleave=st.integers(1, 4),
     shuffle=st.booleans(),
     shuffle_buffer=st.sampled_from([0, 1, 3, 6]),
     batch_size=st.integers(1, 5),
     saved=st.integers(1, 3),
-    new=st.integers(1, 3),
+    new=st.integers(1, 4),
     taken=st.integers(0, 4),
 )
 def test_an_elastic_resume_never_loses_or_repeats_a_sample(
@@ -795,8 +795,10 @@ def test_an_elastic_resume_never_loses_or_repeats_a_sample(
     # Shards of uneven sizes (empty ones too), any mixing, saved by `saved` ranks after
     # `taken` batches each and loaded into `new` ranks: what the first ranks received and
     # what the new ones read is the epoch, each sample once (or, where every first rank had
-    # read its whole epoch, the new ones read the next epoch whole). Refused: ranks whose
+    # read its whole epoch, the new ones read the next epoch whole); the rest of an epoch
+    # goes on over more ranks than shards, a new epoch does not. Refused: ranks whose
     # epochs ended apart (uneven shares), which the states say.
+    saved = min(saved, len(sizes))  # every first rank reads a shard
     everything = sorted(f"{s:02d}{i:04d}" for s, count in enumerate(sizes) for i in range(count))
     with tempfile.TemporaryDirectory() as where:
         folder = Path(where)
@@ -838,6 +840,10 @@ def test_an_elastic_resume_never_loses_or_repeats_a_sample(
         for rank in range(new):
             with loader(rank, new) as restored:
                 restored.load_state_dict(states)
+                if states[0]["batches_received"] == 0 and len(sizes) < new:
+                    with pytest.raises(ValueError, match=f"{len(sizes)} shards for {new} ranks"):
+                        keys(restored)
+                    return
                 after += keys(restored)
     assert sorted(before + after) == everything
 
@@ -894,6 +900,38 @@ def test_any_shard_layout_resumes_exactly_from_every_state(
             )
 
         assert assert_equal_output_after_checkpoint(make, epochs=2, mode=mode) >= 3
+
+
+def test_the_rest_of_an_epoch_goes_on_over_more_ranks_than_shards(tmp_path: Path) -> None:
+    # Two shards, two ranks, a batch each, then three ranks: the rest is two pieces of
+    # shards, one for each of two new ranks and none for the third. Each new rank's epoch
+    # failed at its first batch ("2 shards for 3 ranks"): the fresh split of the shards was
+    # made even where the loaded plan named the pieces to read.
+    for shard in range(2):
+        (tmp_path / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, 3))
+
+    def loader(rank: int, world_size: int) -> DataLoader:
+        shards = TarShards(FileDataset(names(2), root=tmp_path), interleave=2)
+        return DataLoader(
+            shards, batch_size=1, rank=rank, world_size=world_size, seed=6, collate_fn=list
+        )
+
+    states, before = [], []
+    for rank in range(2):
+        with loader(rank, 2) as first:
+            iterator: Any = iter(first)
+            before += [sample["__key__"] for sample in next(iterator)]
+            states.append(first.state_dict())
+            iterator.close()
+    after: list[list[str]] = []
+    for rank in range(3):
+        with loader(rank, 3) as restored:
+            restored.load_state_dict(states)
+            after.append(keys(restored))
+            with pytest.raises(ValueError, match="2 shards for 3 ranks"):
+                list(restored)  # the next epoch is split afresh: too few shards
+    assert sorted(before) == ["000000", "010000"]
+    assert sorted(after) == [[], ["000001", "000002"], ["010001", "010002"]]
 
 
 def test_a_hostile_elastic_plan_is_refused_naming_it(folder: Path) -> None:

@@ -332,18 +332,22 @@ class ShardStream:
                 f"differs from this epoch's {here}"
             )
 
-    def _begin(self, info: StreamInfo, order: list[int]) -> Walk:
+    def _begin(self, info: StreamInfo) -> tuple[Walk, list[int]]:
+        """The epoch's walk (a loaded one, or a fresh one) and the order of its shards."""
         loaded, self._loaded = self._loaded, None
         if loaded is not None and loaded.epoch == info.epoch:
             self._check_saved_in(loaded, info)
-            return loaded
+            # An elastic epoch's plan names the pieces it reads: the epoch's own split of
+            # the shards, which needs one for every rank, is not made.
+            return loaded, self.order(info) if loaded.plan is None else []
+        order = self.order(info)
         here = (info.epoch, info.seed, info.rank, info.world_size, len(order))
-        return Walk.start(*here, self.interleave)
+        return Walk.start(*here, self.interleave), order
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         info = stream_info() or StreamInfo(0, 1, 0, 0, 0)
-        order = self.order(info)
-        walk = self._walk = self._begin(info, order)
+        walk, order = self._begin(info)
+        self._walk = walk
         threads = ThreadPool(self.interleave, "asyncloader-shard")
 
         def start(position: int, skip: int = 0) -> Shard:
@@ -474,7 +478,8 @@ class TarShards(ShardStream):
             the checkpoint counts that batch as trained on (docs/checkpointing.md).
 
     Ranks: with ``world_size`` ranks, rank ``r`` reads shards ``r``, ``r + world_size``, ...
-    of the epoch's order. Fewer shards than ranks fails the epoch at its first batch.
+    of the epoch's order. Fewer shards than ranks fails the epoch at its first batch (the
+    rest of an epoch resumed over more ranks than its pieces goes on: see :meth:`load_elastic`).
 
     Resume: :meth:`state_dict` is the epoch's walk (:mod:`._walk`), which the loader saves
     after each batch received; a loader restored from it reads only the open shards and the
