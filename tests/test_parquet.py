@@ -31,6 +31,7 @@ from asyncloader import (
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .epochs import outcomes as every_outcome
+from .epochs import rank_states
 from .servers import FaultServer, run_moto
 
 CREDENTIALS: dict[str, Any] = {
@@ -499,14 +500,7 @@ def test_a_state_of_two_ranks_resumes_over_three(folder: Path) -> None:
             dataset, batch_size=5, rank=rank, world_size=world_size, seed=1, collate_fn=list
         )
 
-    states, before = [], []
-    for rank in range(2):
-        with make(rank, 2) as loader:
-            iterator: Any = iter(loader)
-            for _ in range(2):
-                before += [row["id"] for row in next(iterator)]
-            states.append(loader.state_dict())
-            iterator.close()
+    states, before = rank_states(make, 2, 2, lambda row: row["id"])
     after = []
     for rank in range(3):
         with make(rank, 3) as restored:
