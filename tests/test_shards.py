@@ -89,9 +89,14 @@ def round_robin(shards: list[int], interleave: int) -> list[str]:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("shards")
-    for shard in range(SHARDS):
-        (root / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard))
+    write_shards(root, [PER_SHARD] * SHARDS)
     return root
+
+
+def write_shards(folder: Path, sizes: list[int]) -> None:
+    """Shards named as :func:`names` names them, shard ``s`` of ``sizes[s]`` samples."""
+    for shard, count in enumerate(sizes):
+        (folder / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, count))
 
 
 def names(count: int = SHARDS) -> list[str]:
@@ -780,8 +785,7 @@ def test_an_elastic_resume_never_loses_or_repeats_a_sample(
     everything = sorted(f"{s:02d}{i:04d}" for s, count in enumerate(sizes) for i in range(count))
     with tempfile.TemporaryDirectory() as where:
         folder = Path(where)
-        for shard, count in enumerate(sizes):
-            (folder / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, count))
+        write_shards(folder, sizes)
 
         def loader(rank: int, world_size: int) -> DataLoader:
             return DataLoader(
@@ -847,8 +851,7 @@ def test_any_shard_layout_resumes_exactly_from_every_state(
     # reads (`short`): every state the loader saves over two epochs resumes exactly.
     with tempfile.TemporaryDirectory() as where:
         folder = Path(where)
-        for shard, count in enumerate(sizes):
-            (folder / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, count))
+        write_shards(folder, sizes)
 
         def make() -> DataLoader:
             shards = TarShards(
@@ -877,8 +880,7 @@ def test_the_rest_of_an_epoch_goes_on_over_more_ranks_than_shards(tmp_path: Path
     # shards, one for each of two new ranks and none for the third. Each new rank's epoch
     # failed at its first batch ("2 shards for 3 ranks"): the fresh split of the shards was
     # made even where the loaded plan named the pieces to read.
-    for shard in range(2):
-        (tmp_path / f"shard-{shard:02d}.tar").write_bytes(shard_bytes(shard, 3))
+    write_shards(tmp_path, [3, 3])
 
     def loader(rank: int, world_size: int) -> DataLoader:
         shards = TarShards(FileDataset(names(2), root=tmp_path), interleave=2)

@@ -320,10 +320,16 @@ class ShardStream:
             orders.append(order)
         self._loaded = regroup(walks, orders, rank, world_size, self.interleave)
 
-    def _check_saved_in(self, walk: Walk, info: StreamInfo) -> None:
-        """Refuse ``walk`` unless it was saved in the epoch, seed and rank ``info`` names."""
-        # An elastic epoch's walk counts its units, not the rank's shards.
-        count = len(self.order(info)) if walk.plan is None else len(walk.plan)
+    def _check_saved_in(self, walk: Walk, info: StreamInfo) -> list[int]:
+        """Refuse ``walk`` unless it was saved in the epoch, seed and rank ``info`` names; the
+        order of the shards it walks.
+
+        An elastic epoch's walk counts the pieces its plan names, not the rank's shards, and
+        its order is empty: the epoch's own split of the shards, which needs one for every
+        rank, is not made.
+        """
+        order = self.order(info) if walk.plan is None else []
+        count = len(order) if walk.plan is None else len(walk.plan)
         here = (info.epoch, info.seed, info.rank, info.world_size, count)
         saved = (walk.epoch, walk.seed, walk.rank, walk.world_size, walk.shards)
         if saved != here:
@@ -331,15 +337,13 @@ class ShardStream:
                 f"TarShards state (epoch, seed, rank, world_size, shards) {saved} "
                 f"differs from this epoch's {here}"
             )
+        return order
 
     def _begin(self, info: StreamInfo) -> tuple[Walk, list[int]]:
         """The epoch's walk (a loaded one, or a fresh one) and the order of its shards."""
         loaded, self._loaded = self._loaded, None
         if loaded is not None and loaded.epoch == info.epoch:
-            self._check_saved_in(loaded, info)
-            # An elastic epoch's plan names the pieces it reads: the epoch's own split of
-            # the shards, which needs one for every rank, is not made.
-            return loaded, self.order(info) if loaded.plan is None else []
+            return loaded, self._check_saved_in(loaded, info)
         order = self.order(info)
         here = (info.epoch, info.seed, info.rank, info.world_size, len(order))
         return Walk.start(*here, self.interleave), order
