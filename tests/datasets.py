@@ -1,4 +1,5 @@
-"""Datasets the tests drive: they count what the loader does to them, from the inside."""
+"""Datasets the tests drive: they count what the loader does to them, from the inside; and
+:func:`streamed`, one shard source's stream read by hand."""
 
 from __future__ import annotations
 
@@ -110,3 +111,26 @@ async def eventually(predicate: Any, timeout: float = 10.0) -> None:
             return
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.001)
+
+
+def streamed(dataset: Any, pause: float = 0.0) -> tuple[Any, list[bytes]]:
+    """How ``dataset.stream(0, ...)`` ended (``None``, or its error) and the chunks it gave,
+    on a loop of its own, waiting ``pause`` seconds after each (a slow reader); the dataset
+    is closed after, where it has ``aclose``."""
+    chunks: list[bytes] = []
+
+    async def sink(chunk: Any) -> None:
+        chunks.append(bytes(chunk))
+        if pause:
+            await asyncio.sleep(pause)
+
+    async def run() -> Any:
+        try:
+            return await dataset.stream(0, sink, lambda *a: None)
+        except Exception as error:
+            return error
+        finally:
+            if hasattr(dataset, "aclose"):
+                await dataset.aclose()
+
+    return asyncio.run(run()), chunks

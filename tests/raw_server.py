@@ -92,12 +92,12 @@ def _serve(server: RawServer, conn: socket.socket, stop: threading.Event) -> Non
 
 
 @contextlib.contextmanager
-def run_raw_server(handler: Handler) -> Iterator[RawServer]:
-    """Serve ``handler`` on 127.0.0.1 (a thread per connection) until the block ends."""
-    server = RawServer(handler)
+def accepting(handle: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """Accept connections on 127.0.0.1, a thread each running ``handle(conn, stop)``,
+    until the block ends (``stop`` is set then, and the threads are given 5 s to end);
+    yields the ``http://`` URL of the port."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
-    server.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     stop = threading.Event()
     workers: list[threading.Thread] = []
 
@@ -109,14 +109,14 @@ def run_raw_server(handler: Handler) -> Iterator[RawServer]:
                 continue
             except OSError:
                 return
-            worker = threading.Thread(target=_serve, args=(server, conn, stop), daemon=True)
+            worker = threading.Thread(target=handle, args=(conn, stop), daemon=True)
             worker.start()
             workers.append(worker)
 
     acceptor = threading.Thread(target=accept, name="raw-server", daemon=True)
     acceptor.start()
     try:
-        yield server
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
         acceptor.join(timeout=5)
@@ -124,3 +124,12 @@ def run_raw_server(handler: Handler) -> Iterator[RawServer]:
         deadline = time.monotonic() + 5
         for worker in workers:
             worker.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+@contextlib.contextmanager
+def run_raw_server(handler: Handler) -> Iterator[RawServer]:
+    """Serve ``handler`` on 127.0.0.1 (a thread per connection) until the block ends."""
+    server = RawServer(handler)
+    with accepting(lambda conn, stop: _serve(server, conn, stop)) as url:
+        server.url = url
+        yield server

@@ -86,6 +86,7 @@ class FaultServer:
         app.router.add_get("/bomb", self.bomb)
         app.router.add_get("/files/{name}", self.file)
         app.router.add_get("/files-cut/{name}", self.file_cut)
+        app.router.add_get("/cut/{cuts}/{name}", self.cut)
         app.router.add_get("/ranged/{name}", self.ranged)
         app.router.add_get("/wrong-range/{name}", self.wrong_range)
         app.router.add_get("/encoded/{name}", self.encoded)
@@ -298,6 +299,30 @@ class FaultServer:
         request.transport.close()  # the connection ends in the middle of the shard
         return response
 
+    async def cut(self, request: web.Request) -> web.StreamResponse:
+        """``/ranged/{name}``, also for ``Range: bytes=a-``, with a strong ETag and
+        ``If-Match`` honoured, whose first ``cuts`` answers end a quarter of the way through their
+        body, the connection closed there."""
+        self._hit(request)
+        data = self.files[request.match_info["name"]]
+        tag = '"v1"'
+        if request.headers.get("If-Match", tag) != tag:
+            return web.Response(status=412)
+        asked = re.fullmatch(r"bytes=(\d+)-", request.headers.get("Range", ""))
+        start = 0 if asked is None else int(asked.group(1))
+        headers = {"ETag": tag, "Content-Length": str(len(data) - start)}
+        if asked is not None:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        response = web.StreamResponse(status=200 if asked is None else 206, headers=headers)
+        await response.prepare(request)
+        if self.hits[request.path] > int(request.match_info["cuts"]):
+            await response.write(data[start:])
+            return response
+        await response.write(data[start : start + (len(data) - start) // 4])
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
     async def echo(self, request: web.Request) -> web.Response:
         self._hit(request)
         return web.Response(text=request.match_info["name"])
@@ -330,6 +355,8 @@ class Moto:
     """A running moto S3 server on 127.0.0.1 that can be restarted on its port."""
 
     def __init__(self) -> None:
+        self.client: Any = None
+        """A boto3 S3 client of the server, in :func:`run_moto`."""
         self.server = self._make(0)
         self.server.start()
         host, self.port = self.server.get_host_and_port()
@@ -361,6 +388,7 @@ def run_moto(bucket: str, objects: dict[str, bytes]) -> Iterator[Moto]:
         aws_secret_access_key="testing",
         region_name="us-east-1",
     )
+    moto.client = client
     client.create_bucket(Bucket=bucket)
     for key, value in objects.items():
         client.put_object(Bucket=bucket, Key=key, Body=value)

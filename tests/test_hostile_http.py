@@ -26,6 +26,7 @@ from aiohttp import web
 
 from asyncloader import DataLoader, HttpDataset, Retry
 
+from .datasets import streamed
 from .raw_server import RawServer, deflate_bomb, gzip_bomb, response, run_raw_server
 from .servers import FaultServer
 
@@ -140,25 +141,6 @@ def test_a_3xx_that_is_not_followed_fails_its_item(case: str) -> None:
     assert type(out) is OSError, out
     assert "HTTP 3" in str(out)
     assert len(server.requests) == 1
-
-
-def streamed(dataset: HttpDataset) -> tuple[Any, list[bytes]]:
-    """How ``dataset.stream(0, ...)`` ended (``None``, or its error) and the chunks it gave,
-    on a loop of its own; the dataset is closed after."""
-    chunks: list[bytes] = []
-
-    async def sink(chunk: bytes) -> None:
-        chunks.append(chunk)
-
-    async def run() -> Any:
-        try:
-            return await dataset.stream(0, sink, lambda *a: None)  # type: ignore[arg-type]
-        except Exception as error:
-            return error
-        finally:
-            await dataset.aclose()
-
-    return asyncio.run(run()), chunks
 
 
 NOT_THE_OBJECT = {

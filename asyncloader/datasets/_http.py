@@ -304,41 +304,65 @@ class HttpDataset:
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """Item ``index``'s body, chunk by chunk into ``sink`` (which may wait, pausing the
-        connection): one GET, with the redirects, headers, retries and limits of an item; a
-        failure after the first byte is not retried (the bytes would come twice).
-        ``timeout`` bounds the connection, the response's head (1xx responses included) and
-        each wait for data, not the whole body, and
-        aiohttp pauses it while ``sink`` waits. ``blocking`` is not needed."""
+        connection): one GET, with the redirects, headers, retries and limits of an item.
+        A body cut part way is resumed where it stopped by a GET of the rest pinned to the
+        object the first answer was of (``If-Match`` its strong ETag, its size and ETag
+        compared), for as long as each attempt delivers bytes: ``retry`` bounds the attempts
+        in a row that deliver none. One whose first answer gave no ``Content-Length`` or came
+        encoded has no place to resume from, and fails once it gave bytes (they would come
+        twice). ``timeout`` bounds the connection, the response's head (1xx responses
+        included) and each wait for data, not the whole body, and aiohttp pauses it while
+        ``sink`` waits. ``blocking`` is not needed."""
         url = self.locations[index]
         assert isinstance(url, str)
         timeout = self._aiohttp.ClientTimeout(sock_connect=self.timeout, sock_read=self.timeout)
-        started = False
+        delivered = 0
+        pinned: _Version | None = None
+        """The object the first answer was of, where a cut in it can be resumed."""
 
         async def fill(response: aiohttp.ClientResponse, url: str) -> None:
-            nonlocal started
-            self._check_encoding(response, url)
-            self._check_declared(response, url)
-            size = 0
+            nonlocal delivered, pinned
+            if delivered:
+                assert pinned is not None
+                self._check_range(response, url, f"bytes={delivered}-", delivered, None, pinned)
+            else:
+                self._check_encoding(response, url)
+                self._check_declared(response, url)
+                pinned = _pinned(response)
             # As the connection delivered them: no chunk is joined to another (a copy).
             async for chunk, _ in response.content.iter_chunks():
-                size += len(chunk)
+                size = delivered + len(chunk)
                 if self.max_bytes is not None and size > self.max_bytes:
                     raise AttemptFailed(
                         ValueError(f"GET {redact_url(url)}: over max_bytes={self.max_bytes}"),
                         transient=False,
                     )
-                started = True
+                if pinned is not None and size > pinned.size:
+                    raise AttemptFailed(
+                        OSError(f"GET {redact_url(url)}: longer than its {pinned.size} bytes"),
+                        transient=False,
+                    )
+                delivered = size
                 await sink(chunk)
+            if pinned is not None and delivered < pinned.size:  # a chunked range, cut
+                raise AttemptFailed(
+                    OSError(f"GET {redact_url(url)}: ended at {delivered} of {pinned.size} bytes"),
+                    transient=True,
+                )
 
         async def attempt() -> None:
+            extra = None
+            if delivered:
+                assert pinned is not None
+                extra = _range_headers(f"bytes={delivered}-", pinned)
             try:
-                await self._attempt(session, url, fill, timeout)
+                await self._attempt(session, url, fill, timeout, extra)
             except AttemptFailed as failed:
-                failed.transient = failed.transient and not started
+                failed.transient = failed.transient and (not delivered or pinned is not None)
                 raise
 
         session = self._current() or await self._open_session()
-        await retrying(self.retry, attempt)
+        await retrying(self.retry, attempt, progress=lambda: delivered)
 
     def open_file(self, index: int, loop: asyncio.AbstractEventLoop | None = None) -> RangeFile:
         """Item ``index`` as a file read anywhere in it on another thread (blocking), each
@@ -371,46 +395,18 @@ class HttpDataset:
         """Bytes ``start`` to ``start + length - 1`` of ``url``'s body, and the version of the
         object they are of (its size and ETag); with ``version``, they must be of that one."""
         session = self._current() or await self._open_session()
-        asked = f"bytes={start}-{start + length - 1}"
-        shown = redact_url(url)
-        # A range is of the object's bytes as the server holds them: an encoding applied on
-        # the way would make it a range of other bytes (RFC 9110, 14.1.1).
-        extra = {"Range": asked, "Accept-Encoding": "identity"}
-        if version is not None and version.etag and not version.etag.startswith("W/"):
-            extra["If-Match"] = version.etag  # a weak ETag never matches (RFC 9110)
+        end = start + length - 1
+        asked = f"bytes={start}-{end}"
 
         async def take(response: aiohttp.ClientResponse, url: str) -> tuple[bytes, _Version]:
-            given = response.headers.get("Content-Range", "")
-            match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
-            self._check_encoding(response, url)
-            refused = encoded(f"GET {shown}", _field(response, "Content-Encoding"))
-            if response.status == 206 and refused is not None:
-                raise AttemptFailed(refused, transient=False)
-            if response.status != 206 or match is None:
-                raise AttemptFailed(
-                    OSError(
-                        f"GET {shown}: HTTP {response.status}, not the range asked for "
-                        "(the server does not serve byte ranges)"
-                    ),
-                    transient=False,
-                )
-            first, last, total = (int(v) for v in match.groups())
-            if first != start or last >= start + length or last < first:
-                raise AttemptFailed(
-                    OSError(f"GET {shown}: the server sent {given[:60]!r} for {asked!r}"),
-                    transient=False,
-                )
-            this = _Version(total, response.headers.get("ETag"))
-            if version is not None and not version.same(this):
-                raise AttemptFailed(
-                    OSError(f"GET {shown}: {_CHANGED} ({version} before, {this} now)"),
-                    transient=False,
-                )
-            data = await _read_at_most(response.content, last - first + 1, url)
-            if len(data) != last - first + 1:
+            last, this = self._check_range(response, url, asked, start, end, version)
+            data = await _read_at_most(response.content, last - start + 1, url)
+            if len(data) != last - start + 1:
+                shown = redact_url(url)
                 raise AttemptFailed(OSError(f"GET {shown}: the range ended early"), transient=True)
             return data, this
 
+        extra = _range_headers(asked, version)
         result: tuple[bytes, _Version] = await retrying(
             self.retry, lambda: self._attempt(session, url, take, None, extra)
         )
@@ -564,6 +560,57 @@ class HttpDataset:
             )
         return target
 
+    def _check_range(
+        self,
+        response: aiohttp.ClientResponse,
+        url: str | yarl.URL,
+        asked: str,
+        start: int,
+        end: int | None,
+        version: _Version | None,
+    ) -> tuple[int, _Version]:
+        """The last byte of the range a response to ``asked`` holds (from ``start`` to
+        ``end``, or to the object's end), and the object it is of: which must be ``version``
+        where one is given. Any other answer fails the attempt for good."""
+        shown = redact_url(url)
+        given = response.headers.get("Content-Range", "")
+        match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", given.strip())
+        self._check_encoding(response, url)
+        refused = encoded(f"GET {shown}", _field(response, "Content-Encoding"))
+        if response.status == 206 and refused is not None:
+            raise AttemptFailed(refused, transient=False)
+        if response.status != 206 or match is None:
+            raise AttemptFailed(
+                OSError(
+                    f"GET {shown}: HTTP {response.status}, not the range asked for "
+                    "(the server does not serve byte ranges)"
+                ),
+                transient=False,
+            )
+        first, last, total = (int(v) for v in match.groups())
+        whole = last == total - 1 if end is None else last <= end
+        if first != start or last < first or not whole:
+            raise AttemptFailed(
+                OSError(f"GET {shown}: the server sent {given[:60]!r} for {asked!r}"),
+                transient=False,
+            )
+        this = _Version(total, response.headers.get("ETag"))
+        if version is not None and not version.same(this):
+            raise AttemptFailed(
+                OSError(f"GET {shown}: {_CHANGED} ({version} before, {this} now)"),
+                transient=False,
+            )
+        declared = response.content_length
+        if declared is not None and declared != last - first + 1:
+            raise AttemptFailed(
+                OSError(
+                    f"GET {shown}: Content-Length {declared} for a range of "
+                    f"{last - first + 1} bytes"
+                ),
+                transient=False,
+            )
+        return last, this
+
     def _check_encoding(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
         """Refuse a body that aiohttp would hand over still encoded: a transfer coding but
         chunked, or a content coding it does not decode. Several fields of one name are one
@@ -649,6 +696,28 @@ def _field(response: aiohttp.ClientResponse, name: str) -> str:
     if values is None:  # most responses: no such header
         return ""
     return ", ".join([value.strip() for value in values]).lower()
+
+
+def _range_headers(asked: str, version: _Version | None) -> dict[str, str]:
+    """The headers of a GET of the range ``asked``, of the object ``version`` if given."""
+    # A range is of the object's bytes as the server holds them: an encoding applied on the
+    # way would make it a range of other bytes (RFC 9110, 14.1.1).
+    extra = {"Range": asked, "Accept-Encoding": "identity"}
+    if version is not None and version.etag and not version.etag.startswith("W/"):
+        extra["If-Match"] = version.etag  # a weak ETag never matches (RFC 9110)
+    return extra
+
+
+def _pinned(response: aiohttp.ClientResponse) -> _Version | None:
+    """The object a whole answer is of, where a cut in its body can be resumed: none when
+    it gave no size, or came encoded (aiohttp hands over decoded bytes, which are not the
+    stored ones a range counts)."""
+    if response.content_length is None or _field(response, "Content-Encoding") not in (
+        "",
+        "identity",
+    ):
+        return None
+    return _Version(response.content_length, response.headers.get("ETag"))
 
 
 def _close_later(keeper: AsyncGenerator[None, None]) -> None:

@@ -10,6 +10,7 @@ import re
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from .._settings import check_timeout
+from .._stats import note_retry
 from ._file import FileDataset
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
@@ -38,6 +39,16 @@ SCHEMES: Final = (
     "file://",
     "memory://",
 )
+
+
+def _pinned(meta: Any) -> GetOptions:
+    """The options of a GET of the object ``meta`` describes, and of no other version."""
+    options: GetOptions = {}
+    if meta.get("e_tag"):
+        options["if_match"] = meta["e_tag"]
+    if meta.get("version"):
+        options["version"] = meta["version"]
+    return options
 
 
 def _retry_config(retry: Retry) -> dict[str, Any]:
@@ -341,9 +352,18 @@ class ObjectStoreDataset:
             return file.read(size)
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
-        """Object ``index``, chunk by chunk into ``sink``: one GET whose body streams in as
-        ``sink`` takes it (a byte range is not a shard, and is refused)."""
+        """Object ``index``, chunk by chunk into ``sink``: a GET whose body streams in as
+        ``sink`` takes it (a byte range is not a shard, and is refused).
+
+        A body cut part way is resumed where it stopped. obstore resumes it within ``retry``
+        (a range of the rest, whose ETag must be the first answer's); past those retries, or
+        at its client's ``timeout``, which bounds a whole request and runs while ``sink``
+        waits (30 s when none is given), a GET of the rest is made here, pinned to the object
+        (``If-Match`` its ETag, its version, its size), for as long as each attempt delivers
+        bytes (none with ``max_retries=0``).
+        """
         import obstore
+        from obstore.exceptions import PreconditionError
 
         location = self.locations[index]
         if isinstance(location, tuple):
@@ -352,23 +372,44 @@ class ObjectStoreDataset:
             await self._files.stream_location(location, sink, blocking)
             return
         what = f"GET {location}"
-        try:
-            result = await obstore.get_async(self.store, location)
-        except Exception as error:
-            raise _translate(error, what) from None
-        if self.max_bytes is not None and result.meta["size"] > self.max_bytes:
-            raise ValueError(
-                f"{location!r} is {result.meta['size']} bytes, over max_bytes={self.max_bytes}"
-            )
-        chunks = result.stream(min_chunk_size=STREAM_CHUNK)
+        delivered, size = 0, 0
+        options: GetOptions = {}
         while True:
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                return
+                result = await obstore.get_async(self.store, location, options=options)
+            except PreconditionError:
+                raise OSError(f"{what}: {_CHANGED} (its ETag no longer matches)") from None
             except Exception as error:
                 raise _translate(error, what) from None
-            await sink(chunk)
+            if not delivered:
+                size = result.meta["size"]
+                if self.max_bytes is not None and size > self.max_bytes:
+                    raise ValueError(
+                        f"{location!r} is {size} bytes, over max_bytes={self.max_bytes}"
+                    )
+                options = _pinned(result.meta)
+            elif result.meta["size"] != size:
+                raise OSError(f"{what}: {_CHANGED} ({size} bytes, then {result.meta['size']})")
+            start = delivered
+            chunks = result.stream(min_chunk_size=STREAM_CHUNK)
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+                except Exception as error:
+                    if delivered == size:  # cut after its last byte: nothing is missing
+                        return
+                    if delivered == start or not self.retry.max_retries:
+                        # obstore's own retries made no headway either (or none are made)
+                        raise _translate(error, what) from None
+                    break
+                delivered += len(chunk)
+                if delivered > size:
+                    raise OSError(f"{what}: longer than its {size} bytes")
+                await sink(chunk)
+            note_retry()
+            options["range"] = {"offset": delivered}
 
     def open_file(self, index: int, loop: object = None) -> RangeFile | IO[bytes]:
         """Object ``index`` as a file read anywhere in it (blocking): each read one range GET

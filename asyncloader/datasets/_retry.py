@@ -95,18 +95,26 @@ def _final(failure: AttemptFailed, attempts: int) -> BaseException:
 
 
 async def retrying(
-    retry: Retry, attempt: Callable[[], Awaitable[T]], failed: AttemptFailed | None = None
+    retry: Retry,
+    attempt: Callable[[], Awaitable[T]],
+    failed: AttemptFailed | None = None,
+    progress: Callable[[], int] | None = None,
 ) -> T:
     """Await ``attempt()`` until it succeeds, fails for good, or the retries run out;
-    ``failed``: the first attempt was made by the caller, and failed so."""
+    ``failed``: the first attempt was made by the caller, and failed so. ``progress``: how
+    far the work has gone (a stream's bytes delivered); an attempt that took it further
+    starts the count of attempts afresh, so that only attempts that made none run out."""
     attempts = 0 if failed is None else 1
     while True:
         if failed is None:
             attempts += 1
+            before = 0 if progress is None else progress()
             try:
                 return await attempt()
             except AttemptFailed as failure:
                 failed = failure
+                if progress is not None and progress() > before:
+                    attempts = 1
         if not failed.transient or attempts > retry.max_retries:
             # `from None`: the client's own exception may hold a URL's query string.
             raise _final(failed, attempts) from None
