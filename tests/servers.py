@@ -36,11 +36,12 @@ FAULTS = ("500", "503", "reset", "short", "stall")
 
 
 def _range(request: web.Request, data: bytes, headers: dict[str, str]) -> web.Response:
-    """``data`` with ``headers``: the range ``Range: bytes=a-b`` asks for, as a 206, or whole."""
-    asked = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+    """``data`` with ``headers``: the range ``Range: bytes=a-b`` (or ``a-``) asks for, as a
+    206, or whole."""
+    asked = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", ""))
     if asked is None:
         return web.Response(body=data, headers=headers)
-    first, last = int(asked.group(1)), min(int(asked.group(2)), len(data) - 1)
+    first, last = int(asked.group(1)), min(int(asked.group(2) or len(data)), len(data) - 1)
     return web.Response(
         status=206,
         body=data[first : last + 1],
@@ -300,25 +301,22 @@ class FaultServer:
         return response
 
     async def cut(self, request: web.Request) -> web.StreamResponse:
-        """``/ranged/{name}``, also for ``Range: bytes=a-``, with a strong ETag and
-        ``If-Match`` honoured, whose first ``cuts`` answers end a quarter of the way through their
-        body, the connection closed there."""
+        """``/ranged/{name}`` with a strong ETag and ``If-Match`` honoured, whose first
+        ``cuts`` answers end a quarter of the way through their body, the connection closed
+        there."""
         self._hit(request)
-        data = self.files[request.match_info["name"]]
         tag = '"v1"'
         if request.headers.get("If-Match", tag) != tag:
             return web.Response(status=412)
-        asked = re.fullmatch(r"bytes=(\d+)-", request.headers.get("Range", ""))
-        start = 0 if asked is None else int(asked.group(1))
-        headers = {"ETag": tag, "Content-Length": str(len(data) - start)}
-        if asked is not None:
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        response = web.StreamResponse(status=200 if asked is None else 206, headers=headers)
-        await response.prepare(request)
+        answer = _range(request, self.files[request.match_info["name"]], {"ETag": tag})
         if self.hits[request.path] > int(request.match_info["cuts"]):
-            await response.write(data[start:])
-            return response
-        await response.write(data[start : start + (len(data) - start) // 4])
+            return answer
+        body = answer.body
+        assert isinstance(body, bytes)
+        headers = {**answer.headers, "Content-Length": str(len(body))}
+        response = web.StreamResponse(status=answer.status, headers=headers)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 4])
         assert request.transport is not None
         request.transport.close()
         return response

@@ -28,6 +28,7 @@ from .cutting_proxy import CuttingProxy, run_cutting_proxy
 from .datasets import streamed
 from .raw_server import response, run_raw_server
 from .servers import run_moto
+from .test_shards import CREDENTIALS
 
 DATA = random.Random(0).randbytes(60_000)
 FAST = Retry(max_retries=3, initial_backoff=0.001, max_backoff=0.001)
@@ -248,11 +249,13 @@ def test_a_stream_cut_before_its_first_byte_is_tried_again_whole() -> None:
 # `retry`). These hold that contract through a proxy in front of moto that cuts the
 # connection part way through a shard.
 
-CREDENTIALS: dict[str, Any] = {
-    "access_key_id": "testing",
-    "secret_access_key": "testing",
-    "region": "us-east-1",
-}
+
+def on_moto(endpoint: str, keys: list[str], retries: int, **settings: Any) -> ObjectStoreDataset:
+    """``keys`` of the bucket ``shards`` of the S3 server at ``endpoint``."""
+    retry = Retry(max_retries=retries, initial_backoff=0.001, max_backoff=0.001)
+    return ObjectStoreDataset(
+        "s3://shards", keys, endpoint=endpoint, allow_http=True, retry=retry, **settings
+    )
 
 
 def shard(name: int, count: int = 40) -> bytes:
@@ -268,14 +271,7 @@ def shard(name: int, count: int = 40) -> bytes:
 
 
 def through(proxy: CuttingProxy, retries: int) -> TarShards:
-    store = ObjectStoreDataset(
-        "s3://shards",
-        ["0.tar", "1.tar", "2.tar"],
-        endpoint=proxy.url,
-        allow_http=True,
-        retry=Retry(max_retries=retries, initial_backoff=0.001, max_backoff=0.001),
-        **CREDENTIALS,
-    )
+    store = on_moto(proxy.url, ["0.tar", "1.tar", "2.tar"], retries, **CREDENTIALS)
     return TarShards(store, interleave=1)
 
 
@@ -354,15 +350,7 @@ def test_an_object_store_stream_read_slowly_outlives_its_requests_timeout() -> N
     # is now resumed here for as long as each attempt delivers some.
     data = random.Random(1).randbytes(8 << 20)
     with run_moto("shards", {"big": data}) as moto:
-        store = ObjectStoreDataset(
-            "s3://shards",
-            ["big"],
-            endpoint=moto.endpoint,
-            allow_http=True,
-            timeout=1.0,
-            retry=Retry(max_retries=1, initial_backoff=0.001, max_backoff=0.001),
-            **CREDENTIALS,
-        )
+        store = on_moto(moto.endpoint, ["big"], 1, timeout=1.0, **CREDENTIALS)
         # The reader is slow: the request's time runs on while it waits.
         ended, got = read(store, pause=0.35)
     assert ended is None
@@ -377,14 +365,7 @@ def test_an_object_store_object_replaced_while_streamed_fails_its_resumption() -
             moto.client.put_object(Bucket="shards", Key="big", Body=bytes(len(data)))
 
         with run_cutting_proxy(moto.port, "/shards/big", 1, (3 << 20) // 2, replace) as proxy:
-            store = ObjectStoreDataset(
-                "s3://shards",
-                ["big"],
-                endpoint=proxy.url,
-                allow_http=True,
-                retry=Retry(max_retries=3, initial_backoff=0.001, max_backoff=0.001),
-                **CREDENTIALS,
-            )
+            store = on_moto(proxy.url, ["big"], 3, **CREDENTIALS)
             ended, got = read(store)
     assert isinstance(ended, OSError), ended
     assert "changed while it was read" in str(ended)
