@@ -220,13 +220,22 @@ class StreamEpochs:
         name = type(self.dataset).__name__
         if not states:
             raise ValueError("an elastic resume needs the state of every rank, got none")
-        resumes = [check_stream_state(state, self._expected(), elastic=True) for state in states]
-        first = resumes[0].state
-        check_one_moment(
-            [resume.state for resume in resumes],
-            ("epoch", "batches_received", "seed", "world_size"),
-        )
-        if sorted(resume.state["rank"] for resume in resumes) != list(range(first["world_size"])):
+        checked = [check_stream_state(state, self._expected(), elastic=True) for state in states]
+        checked.sort(key=lambda resume: resume.state["rank"])
+        every = [resume.state for resume in checked]
+        check_one_moment(every, ("seed", "world_size"))
+        first = min(every, key=lambda state: state["epoch"])
+        # A rank whose share of the epoch ran out first (uneven shares; or, after the epoch's
+        # last batch, one that had looked past it) names the next epoch's start: it has
+        # nothing left of this one.
+        over = {
+            state["rank"]
+            for state in every
+            if state["epoch"] == first["epoch"] + 1 and not state["batches_received"]
+        }
+        inside = [state for state in every if state["rank"] not in over]
+        check_one_moment(inside, ("epoch", "batches_received"))
+        if [state["rank"] for state in every] != list(range(first["world_size"])):
             raise ValueError(
                 f"an elastic resume needs one state of each of {first['world_size']} ranks"
             )
@@ -237,7 +246,8 @@ class StreamEpochs:
         load_elastic = getattr(self.dataset, "load_elastic", None)
         if load_elastic is None:
             raise ValueError(f"{name} cannot re-split an epoch over other ranks (no load_elastic)")
-        sources = [resume.state["source"] for resume in resumes]
+        # A rank whose epoch is over is given as a stream between epochs ({}).
+        sources = [{} if state["rank"] in over else state["source"] for state in every]
         if any(source is None for source in sources):
             raise ValueError("state source: a rank's state holds no state of the stream")
         try:

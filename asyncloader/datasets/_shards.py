@@ -286,22 +286,28 @@ class ShardStream:
     def load_elastic(self, states: list[dict[str, Any]], rank: int, world_size: int) -> None:
         """Make the next epoch of the same number the rest of the epoch that the ranks whose
         ``states`` these are had walked, re-split for rank ``rank`` of ``world_size``: every
-        sample none of them had handed out, exactly once over the new ranks.
+        sample none of them had handed out, exactly once over the new ranks. A rank whose
+        share of the epoch had run out is given as ``{}`` (its state between epochs).
 
         Raises:
             ValueError: A state is refused, or they are not one of each rank of one epoch.
         """
-        walks = [self._check(state) for state in states]
+        walks = [self._check(state) for state in states if state != {}]
         if not walks:
-            raise ValueError("TarShards elastic resume needs the state of every rank, got none")
+            raise ValueError("TarShards elastic resume needs the state of a rank inside the epoch")
         first = walks[0]
-        if sorted(w.rank for w in walks) != list(range(first.world_size)) or any(
-            (w.epoch, w.seed, w.world_size) != (first.epoch, first.seed, first.world_size)
-            for w in walks
+        ranks = sorted(w.rank for w in walks)
+        if (
+            len(states) != first.world_size
+            or len(set(ranks)) != len(ranks)
+            or any(
+                (w.epoch, w.seed, w.world_size) != (first.epoch, first.seed, first.world_size)
+                for w in walks
+            )
         ):
             raise ValueError(
                 "TarShards elastic resume needs one state of each rank of one epoch and seed, "
-                f"got ranks {sorted(w.rank for w in walks)} of world sizes "
+                f"got {len(states)} states of ranks {ranks} of world sizes "
                 f"{sorted({w.world_size for w in walks})}"
             )
         info = stream_info()
