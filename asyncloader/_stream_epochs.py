@@ -220,9 +220,10 @@ class StreamEpochs:
         name = type(self.dataset).__name__
         if not states:
             raise ValueError("an elastic resume needs the state of every rank, got none")
-        checked = [check_stream_state(state, self._expected(), elastic=True) for state in states]
-        checked.sort(key=lambda resume: resume.state["rank"])
-        every = [resume.state for resume in checked]
+        every = sorted(
+            (check_stream_state(state, self._expected(), elastic=True).state for state in states),
+            key=lambda state: state["rank"],
+        )
         check_one_moment(every, ("seed", "world_size"))
         first = min(every, key=lambda state: state["epoch"])
         # A rank whose share of the epoch ran out first (uneven shares; or, after the epoch's
