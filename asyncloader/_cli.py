@@ -5,14 +5,16 @@ of seconds or items with a progress bar, then prints items/s, MB/s, latency perc
 statistics report and the setting to change. A source is an HTTP URL template with ``{index}``,
 an object-store prefix (``s3://``, ``gs://``, ``az://``, ``file://``, ``memory://``) or a
 local folder; with ``--tar`` its items are WebDataset tar shards (a shard list by template,
-prefix or folder), and their samples are read (``TarShards``). A bad source, missing
-credentials or an empty prefix exit with status 2.
+prefix or folder), and their samples are read (``TarShards``); with ``--parquet`` they are
+Parquet files, and their rows are read (``ParquetShards``, ``--columns`` to pick some). A bad
+source, missing credentials or an empty prefix exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -22,7 +24,15 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ._loader import DataLoader
-from .datasets import FileDataset, HttpDataset, ObjectStoreDataset, Retry, TarShards, Template
+from .datasets import (
+    FileDataset,
+    HttpDataset,
+    ObjectStoreDataset,
+    ParquetShards,
+    Retry,
+    TarShards,
+    Template,
+)
 from .datasets._objectstore import SCHEMES
 
 _S3_CREDENTIALS = (
@@ -102,32 +112,42 @@ def open_source(args: argparse.Namespace) -> Any:
     return FileDataset(paths, root=source, retry=retry, mmap=args.mmap)
 
 
+def _shards(args: argparse.Namespace, dataset: Any) -> Any:
+    """The stream of samples (``--tar``) or rows (``--parquet``) of the shards ``dataset``
+    locates."""
+    if args.parquet:
+        columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
+        return ParquetShards(dataset, columns=columns, interleave=args.interleave)
+    return TarShards(dataset, interleave=args.interleave)
+
+
 def bench(args: argparse.Namespace) -> int:
     """Stream the source; print the figures, the report and the setting to change."""
     from tqdm import tqdm
 
+    if args.columns is not None and not args.parquet:
+        raise UsageError("--columns picks the columns of Parquet shards: it needs --parquet")
     dataset = open_source(args)
     total: int | None = len(dataset)
-    if args.tar:  # the source's items are shards: a stream of their samples
-        dataset, total = TarShards(dataset, interleave=args.interleave), None
+    shards = args.tar or args.parquet
+    if shards:  # the source's items are shards: a stream of their samples or rows
+        dataset, total = _shards(args, dataset), None
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
         collate_fn=list,
         num_workers=args.num_workers,
-        item_concurrency=1 if args.tar else args.item_concurrency,
+        item_concurrency=1 if shards else args.item_concurrency,
         errors="skip",
     )
-    limit_items = args.items if args.items is not None and not args.tar else total
+    limit_items = args.items if args.items is not None and not shards else total
     deadline = time.perf_counter() + args.seconds
-    items = size = 0
+    items = 0
     started = time.perf_counter()
-    unit = "sample" if args.tar else "item"
+    unit = "row" if args.parquet else "sample" if args.tar else "item"
     with loader, tqdm(total=limit_items, unit=unit, disable=args.no_progress) as bar:
         for batch in loader:
             items += len(batch)
-            if args.tar:
-                size += sum(len(v) for s in batch for k, v in s.items() if k[:2] != "__")
             bar.update(len(batch))
             if (limit_items is not None and items >= limit_items) or (
                 time.perf_counter() >= deadline
@@ -135,10 +155,9 @@ def bench(args: argparse.Namespace) -> int:
                 break
     elapsed = time.perf_counter() - started
     stats = loader.stats()
-    size = size if args.tar else stats.bytes
     print(
         f"{items} {unit}s in {elapsed:.2f} s: {items / elapsed:,.0f} {unit}s/s, "
-        f"{size / elapsed / 1e6:,.1f} MB/s; fetch latency p50 "
+        f"{stats.bytes / elapsed / 1e6:,.1f} MB/s; fetch latency p50 "
         f"{stats.fetch.p50_s * 1000:.1f} ms, p99 {stats.fetch.p99_s * 1000:.1f} ms"
     )
     print(stats.report())
@@ -174,9 +193,14 @@ def _parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--num-workers", type=int, default=16)
     bench_parser.add_argument("--item-concurrency", type=int, default=4)
     bench_parser.add_argument("--mmap", action="store_true", help="map a folder's files")
-    bench_parser.add_argument(
+    shards = bench_parser.add_mutually_exclusive_group()
+    shards.add_argument(
         "--tar", action="store_true", help="the items are WebDataset tar shards: read samples"
     )
+    shards.add_argument(
+        "--parquet", action="store_true", help="the items are Parquet files: read rows"
+    )
+    bench_parser.add_argument("--columns", help="with --parquet: the columns read (a,b,...)")
     bench_parser.add_argument("--interleave", type=int, default=4, help="shards at once (4)")
     bench_parser.add_argument("--retries", type=int, default=3)
     bench_parser.add_argument("--endpoint", help="object store endpoint URL")
@@ -195,10 +219,14 @@ def run() -> NoReturn:
     runtime threads can abort a process whose interpreter is being torn down (seen on Python
     3.10 after a failed listing, with no Python frame left).
     """
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `asyncloader bench ... | head`: the reader has gone
+        code = 1
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(BrokenPipeError):
+        sys.stderr.flush()
     os._exit(code)
 
 

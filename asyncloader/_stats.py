@@ -26,7 +26,8 @@ _RECENT: Final = 31
 current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
     "asyncloader_recorder", default=None
 )
-"""The recorder of the epoch whose code is running (seen by the datasets' retry loops)."""
+"""The recorder of the epoch whose code is running (seen by the datasets' retry loops and
+the shards' readers)."""
 
 
 def note_retry() -> None:
@@ -34,6 +35,14 @@ def note_retry() -> None:
     recorder = current.get()
     if recorder is not None:
         recorder.add_retry()
+
+
+def note_bytes(count: int) -> None:
+    """Count ``count`` bytes of a shard read in the statistics of the epoch that runs this
+    code, if any: a shard's items are samples, not the bytes they came in."""
+    recorder = current.get()
+    if recorder is not None:
+        recorder.add_bytes(count)
 
 
 Tally = tuple[list[float], list[float], list[float], int, int, int, float]
@@ -126,7 +135,9 @@ class LoaderStats:
         consumer_wait: The consumer's waits for its next batch (the loader is slower).
         items: Items fetched.
         batches: Batches handed to the consumer (failed ones included).
-        bytes: Bytes of the bytes-like items fetched (the built-in datasets' items).
+        bytes: Bytes of the bytes-like items fetched (the built-in datasets' items); for
+            ``TarShards`` and ``ParquetShards``, the bytes of their shards read, as they
+            came (a compressed shard's compressed bytes).
         retries: Retries made by the built-in datasets.
         errors: Batches that failed.
         skipped: Items dropped by ``errors="skip"``.
@@ -208,7 +219,8 @@ class LoaderStats:
             return "fetch", (
                 f"the shards' reader takes {self.fetch.mean_s * 1000:.2f} ms a batch from "
                 f"interleave={self.interleave} shards; raise interleave while their storage's "
-                "latency is the bound (their parsing runs on the event loop's thread)"
+                "latency is the bound (tar shards are parsed on the event loop's thread, "
+                "Parquet shards decoded on the shards' threads)"
             )
         if stage == "fetch" and self.stream:
             return "fetch", (
@@ -433,6 +445,10 @@ class Recorder:
     def add_retry(self) -> None:
         with self._lock:
             self.retries += 1
+
+    def add_bytes(self, count: int) -> None:
+        with self._lock:
+            self.bytes += count
 
     def add_batch(self, failed: bool) -> None:
         with self._lock:

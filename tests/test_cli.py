@@ -98,6 +98,9 @@ def test_bench_a_folder_with_a_progress_bar(tmp_path: Path, mapped: list[str]) -
         (["tests", "--seconds", "0"], "--seconds"),
         (["tests", "--items", "0"], "--items"),
         (["tests", "--items", "-3"], "--items"),
+        (["tests", "--tar", "--parquet"], "not allowed with"),
+        (["tests", "--columns", "a"], "it needs --parquet"),
+        (["tests", "--tar", "--columns", "a"], "it needs --parquet"),
     ],
 )
 def test_bad_sources_exit_with_status_2(args: list[str], message: str | None) -> None:
@@ -141,3 +144,46 @@ def test_bench_reads_the_samples_of_tar_shards_in_a_folder(tmp_path: Path) -> No
     assert re.search(
         r"^60 samples in [\d.]+ s: [\d,]+ samples/s, ([\d.]+) MB/s", result.stdout, re.M
     )
+
+
+def test_bench_reads_the_rows_of_parquet_shards_in_a_folder(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for shard in range(3):
+        ids = list(range(shard * 20_000, (shard + 1) * 20_000))
+        rows = pa.table({"id": ids, "text": [f"row {i}" for i in ids]})
+        pq.write_table(rows, tmp_path / f"{shard}.parquet", row_group_size=5_000)
+    for columns in ([], ["--columns", "id"], ["--columns", "text,id"]):
+        result = cli("bench", str(tmp_path), "--parquet", *columns, "--no-progress")
+        assert result.returncode == 0, result.stderr
+        rows_read = re.search(r"^60000 rows in [\d.]+ s: [\d,]+ rows/s, ", result.stdout, re.M)
+        assert rows_read, result.stdout
+        # The shards' bytes read (until session 32, 0 for any shard stream).
+        size = re.search(r"batches \d+, ([\d.]+) MiB", result.stdout)
+        assert size is not None, result.stdout
+        assert float(size.group(1)) > 0, result.stdout
+        assert "skipped 0," in result.stdout
+
+
+def test_bench_piped_into_a_reader_that_leaves_exits_without_a_traceback(tmp_path: Path) -> None:
+    # `asyncloader bench ... | head -1`: until session 32 the report's write to the closed
+    # pipe ended in a BrokenPipeError traceback.
+    (tmp_path / "a.bin").write_bytes(b"x" * 100)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before anything is written
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "asyncloader", "bench", str(tmp_path), "--no-progress"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=base,
+        )
+    finally:
+        os.close(writer)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr

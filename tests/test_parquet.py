@@ -491,6 +491,39 @@ def test_parquet_shards_on_s3_read_by_ranges(bucket: str) -> None:
     assert sorted(got) == sorted(s * 1000 + i for s in range(SHARDS) for i in range(ROWS))
 
 
+def chunk_bytes(data: bytes, columns: list[str] | None) -> int:
+    """The bytes of the column chunks of ``columns`` (all: ``None``) in a Parquet file."""
+    meta = pq.read_metadata(pa.BufferReader(data))
+    chunks = (
+        meta.row_group(group).column(number)
+        for group in range(meta.num_row_groups)
+        for number in range(meta.num_columns)
+    )
+    return sum(
+        chunk.total_compressed_size
+        for chunk in chunks
+        if columns is None or chunk.path_in_schema in columns
+    )
+
+
+def test_stats_count_the_bytes_of_the_shards_read(folder: Path, bucket: str) -> None:
+    # Until session 32 a shard stream's statistics said 0 bytes (its items are rows).
+    files = [parquet_bytes(shard) for shard in range(SHARDS)]
+    store = ObjectStoreDataset(
+        "s3://tables/rows", names(), endpoint=bucket, allow_http=True, **CREDENTIALS
+    )
+    for shards in (FileDataset(names(), root=folder), store):
+        for columns in (None, ["id"], ["text", "score"]):
+            dataset = ParquetShards(shards, interleave=2, columns=columns)
+            with DataLoader(dataset, batch_size=10, collate_fn=list) as loader:
+                assert len(list(itertools.chain(*loader))) == SHARDS * ROWS
+                read = loader.stats().bytes
+            # The footer's read, the last 64 KiB of a file, is the whole of these small
+            # files; then the column chunks of the columns read, each once (pyarrow reads
+            # them on threads of its own, which see no loader's statistics).
+            assert read == sum(len(data) + chunk_bytes(data, columns) for data in files)
+
+
 def test_a_state_of_two_ranks_resumes_over_three(folder: Path) -> None:
     def make(rank: int, world_size: int) -> DataLoader:
         dataset = ParquetShards(

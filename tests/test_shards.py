@@ -393,6 +393,22 @@ async def test_shards_stream_over_http_with_async_for(http_shards: FaultServer) 
     assert got == round_robin(list(range(SHARDS)), 2)
 
 
+def test_stats_count_the_bytes_of_the_shards_read(folder: Path, http_shards: FaultServer) -> None:
+    # Until session 32 a shard stream's statistics said 0 bytes: its items are samples (dicts),
+    # not the bytes-like items that the count was taken from.
+    whole = sum(len(shard_bytes(shard)) for shard in range(SHARDS))
+    urls = [f"{http_shards.url}/files/{name}" for name in names()]
+    for shards in (FileDataset(names(), root=folder), HttpDataset(urls)):
+        with DataLoader(TarShards(shards, interleave=2), batch_size=4, collate_fn=list) as loader:
+            assert len(keys(loader)) == SHARDS * PER_SHARD
+            assert loader.stats().bytes == whole  # each shard's bytes once
+            assert f"{whole / 2**20:.1f} MiB" in loader.stats().report()
+            loader.reset_stats()
+            samples = next(iter(loader))
+        assert len(samples) == 4
+        assert 0 < loader.stats().bytes <= whole
+
+
 def test_a_cut_connection_and_a_missing_shard_fail_only_their_shards(
     http_shards: FaultServer,
 ) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import io
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Final
 
+from .._stats import note_bytes
 from ._http import _check_max_bytes
 from ._parquet_footer import Group, parse_groups, read_footer
 from ._parquet_sizes import (
@@ -76,6 +79,59 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget)
 
 
+class _Counted(io.RawIOBase):
+    """A shard's file (a file's, or one whose reads are range requests) that counts the bytes
+    read of it: what pyarrow and the checks read, no more. pyarrow may read on threads of its
+    own, where no epoch's statistics are seen, so the count is taken (:meth:`taken`) on the
+    thread that asked for the reads."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        position: int = self._raw.tell()
+        return position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        position: int = self._raw.seek(offset, whence)
+        return position
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._raw.read(size)
+        self._add(len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count: int = self._raw.readinto(buffer)
+        self._add(count)
+        return count
+
+    def _add(self, count: int) -> None:
+        with self._lock:
+            self._count += count
+
+    def taken(self) -> int:
+        """The bytes read since the last call."""
+        with self._lock:
+            count, self._count = self._count, 0
+        return count
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
 class _Opened:
     """A Parquet file whose reads and close take turns: a cancelled read closes it after."""
 
@@ -87,6 +143,17 @@ class _Opened:
         """The row group being read: its batches of decoded rows, a step at a time."""
         self._decoded = 0
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Hold the file for reads, and count what they read in the epoch's statistics, on
+        this thread (pyarrow's own threads see no epoch)."""
+        with self.lock:
+            try:
+                yield
+            finally:
+                if self.raw is not None:
+                    note_bytes(self.raw.taken())
+
     def open(
         self, source: Any, index: int, shard: str, loop: asyncio.AbstractEventLoop
     ) -> tuple[Any, list[Group]]:
@@ -95,12 +162,12 @@ class _Opened:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with self.lock:
+        with self._reading():
             with _opened_lock:
                 if _exiting:
                     raise ShardError("the interpreter is exiting")
                 _opened.add(self)
-            self.raw = source.open_file(index, loop)
+            self.raw = _Counted(source.open_file(index, loop))
             try:
                 footer = read_footer(self.raw)
             except ValueError as error:
@@ -132,7 +199,7 @@ class _Opened:
         """Start reading row group ``group`` (``info``: the footer's of it, ``where``: its
         name in errors; ``numbers``: the numbers of ``columns``): :meth:`step` gives its rows,
         as many at a time as keep a step's decoding within ``limit``."""
-        with self.lock:
+        with self._reading():
             self._check_open()
             rows = ROWS_A_STEP
             if limit is not None:
@@ -148,7 +215,7 @@ class _Opened:
         than the footer's size of the row group, which counts them encoded, and rows as Python
         dicts take many times their decoded bytes (a one-byte column, over 200 a row).
         """
-        with self.lock:
+        with self._reading():
             self._check_open()
             batch = next(self._steps, None)
             while batch is not None and batch.num_rows == 0:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._pool import ThreadPool
 from .._settings import check_bool, check_int
+from .._stats import note_bytes
 from .._stream import SampleError, StreamInfo, stream_info
 from ._http import _check_max_bytes
 from ._redact import redact_url
@@ -158,6 +159,7 @@ def tar_producer(
         parser = TarParser(shard.name, max_bytes)
 
         async def sink(chunk: Any) -> None:
+            note_bytes(len(chunk))
             # A compressed chunk's samples come a step at a time, each step once there is
             # room for it: a chunk of a few KiB can inflate to many MiB of samples.
             for samples in parser.feed(chunk):
