@@ -41,15 +41,48 @@ ErrorPayload = tuple[bytes | None, str, str]
 """An exception sent back: pickled (``None`` if it cannot be), ``Type: text``, traceback."""
 
 
+def _rebuilt(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class _Rebuilt:
+    """An exception pickled as its type, ``args`` and attributes, to be made again without
+    calling its ``__init__``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        error = self.error
+        return _rebuilt, (type(error), error.args, dict(vars(error)))
+
+
+def _pickled(error: BaseException) -> bytes | None:
+    """``error`` pickled so that it loads, or ``None``. pickle makes an exception again by
+    calling its type with its ``args``, which fails for a type whose ``__init__`` takes other
+    arguments (``def __init__(self, path, reason)`` that passes one message on): such an
+    exception goes as its type, ``args`` and attributes instead, so that it keeps its type,
+    as on a thread."""
+    try:
+        pickled = pickle.dumps(error, protocol=5)
+        pickle.loads(pickled)
+        return pickled
+    except Exception:
+        pass
+    try:
+        return pickle.dumps(_Rebuilt(error), protocol=5)
+    except Exception:
+        return None
+
+
 def error_payload(error: BaseException) -> ErrorPayload:
     """``error`` as it crosses to the loader."""
     trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     described = f"{type(error).__qualname__}: {error}"
-    try:
-        pickled: bytes | None = pickle.dumps(error, protocol=5)
-    except Exception:
-        pickled = None
-    return pickled, described, trace
+    return _pickled(error), described, trace
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,16 @@ def augment() -> transforms.Compose:
     return transforms.Compose([transforms.RandomCrop(8), transforms.RandomHorizontalFlip()])
 
 
+class BadItem(Exception):
+    """An exception of the user's that pickle cannot rebuild from its ``args``: its
+    ``__init__`` takes two arguments, and ``args`` holds one (the message)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"item {index} {reason}")
+        self.index = index
+        self.reason = reason
+
+
 class Failing(Images):
     """Item ``fail_at`` raises a ``ValueError`` (or kills its process, as ``how`` says) in a
     worker process; in the loader's own process every item is fine."""
@@ -87,6 +97,8 @@ class Failing(Images):
         if index == self.fail_at and os.getpid() != self.parent:
             if self.how == "raise":
                 raise ValueError(f"item {index} is bad")
+            if self.how == "own":
+                raise BadItem(index, "is bad")
             if self.how == "segfault":
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.how == "exit":

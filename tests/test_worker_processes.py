@@ -384,6 +384,24 @@ def test_a_workers_exception_keeps_its_type_and_carries_the_workers_traceback() 
     assert loader.stats().errors == 1
 
 
+def test_an_exception_that_pickle_cannot_rebuild_from_its_args_keeps_its_type() -> None:
+    # As a thread would raise it: the user's own type, attributes and message, which a
+    # `except BadItem:` in the training loop catches. It came as a WorkerError before (as in
+    # torch, whose workers' exceptions of such types come as a RuntimeError).
+    loader = ready(
+        DataLoader(proc_data.Failing(12, fail_at=5, how="own"), batch_size=4, cpu_processes=1)
+    )
+    with loader:
+        outcomes = run_epoch(loader)
+    error = outcomes[1]
+    assert type(error) is proc_data.BadItem
+    assert (error.index, error.reason) == (5, "is bad")
+    assert str(error).startswith("item 5 is bad")
+    assert "in asyncloader worker process 0" in str(error)
+    assert 'raise BadItem(index, "is bad")' in str(error)
+    assert [np.array(b).shape for b in (outcomes[0], outcomes[2])] == [(4, 12, 12, 3)] * 2
+
+
 def test_a_system_exit_from_the_users_code_fails_its_batch_and_keeps_the_worker() -> None:
     # As on a CPU thread: the batch's error, of its own type. It ended the worker before
     # (a WorkerError, "exited with code 1", and a new worker started).
