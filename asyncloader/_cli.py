@@ -2,12 +2,12 @@
 
 ``bench`` answers "how fast can I read this?" in one command: it streams a source for a number
 of seconds or items with a progress bar, then prints items/s, MB/s, latency percentiles, the
-statistics report and the setting to change. A source is an HTTP URL template with ``{index}``,
-an object-store prefix (``s3://``, ``gs://``, ``az://``, ``file://``, ``memory://``) or a
-local folder; with ``--tar`` its items are WebDataset tar shards (a shard list by template,
-prefix or folder), and their samples are read (``TarShards``); with ``--parquet`` they are
-Parquet files, and their rows are read (``ParquetShards``, ``--columns`` to pick some). A bad
-source, missing credentials or an empty prefix exit with status 2.
+statistics report and the options of the next run to try. A source is an HTTP URL template with
+``{index}``, an object-store prefix (``s3://``, ``gs://``, ``az://``, ``file://``,
+``memory://``) or a local folder; with ``--tar`` its items are WebDataset tar shards (a shard
+list by template, prefix or folder), and their samples are read (``TarShards``); with
+``--parquet`` they are Parquet files, and their rows are read (``ParquetShards``, ``--columns``
+to pick some). A bad source, missing credentials or an empty prefix exit with status 2.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ._loader import DataLoader
+from ._stats import LoaderStats
 from .datasets import (
     FileDataset,
     HttpDataset,
@@ -161,10 +162,32 @@ def bench(args: argparse.Namespace) -> int:
         f"{stats.fetch.p50_s * 1000:.1f} ms, p99 {stats.fetch.p99_s * 1000:.1f} ms"
     )
     print(stats.report())
-    print(f"suggested: {stats.bottleneck()[1]}")
+    print(f"suggested: {suggestion(args, stats)}")
     if stats.skipped:
         print(f"{stats.skipped} items failed and were skipped (see the log)")
     return 0
+
+
+def suggestion(args: argparse.Namespace, stats: LoaderStats) -> str:
+    """The next run to try, as this command's options: what the report's bottleneck line
+    advises, for a command whose consumer does nothing."""
+    stage = stats.bottleneck()[0]
+    if stage == "idle":
+        return "none: no batch came"
+    if stage != "fetch":  # a loop that only counts cannot be slower than the source
+        return f"none: the loader kept ahead of this loop ({stage}-bound)"
+    if args.tar or args.parquet:
+        return f"--interleave {2 * args.interleave} (twice the shards read at once)"
+    limit, peak = stats.requests_limit, stats.peak_in_flight
+    if peak < limit:
+        return (
+            f"none of the loader's settings: {peak} of its {limit} requests were in flight at "
+            "most, so more would not be used (in a short run: a longer one, --seconds/--items)"
+        )
+    return (
+        f"--item-concurrency {2 * args.item_concurrency} ({2 * limit} requests in flight, "
+        f"{limit} now)"
+    )
 
 
 def _seconds(text: str) -> float:

@@ -51,6 +51,19 @@ def test_bench_an_http_source(server: FaultServer) -> None:
     assert "fetch latency p50" in result.stdout
 
 
+def test_the_suggestion_is_the_options_of_the_next_run(server: FaultServer) -> None:
+    # Until session 33 the line repeated the report's advice in the loader's terms.
+    url = server.url + "/echo/{index}"
+    one = cli("bench", url, "--items", "20", "--num-workers", "1", "--item-concurrency", "1")
+    assert one.returncode == 0, one.stderr
+    assert "fetch-bound: 1 requests in flight at peak" in one.stdout
+    assert "suggested: --item-concurrency 2 (2 requests in flight, 1 now)" in one.stdout
+    # 3 items cannot fill 64 requests in flight: more would not be used.
+    few = cli("bench", url, "--items", "3", "--no-progress")
+    assert few.returncode == 0, few.stderr
+    assert "suggested: none of the loader's settings: 3 of its 64 requests" in few.stdout
+
+
 def test_bench_a_bucket_prefix(bucket: str) -> None:
     result = cli(
         "bench",
@@ -141,6 +154,7 @@ def test_bench_reads_the_samples_of_tar_shards_in_a_folder(tmp_path: Path) -> No
                     archive.addfile(info, io.BytesIO(b"s" * 100))
     result = cli("bench", str(tmp_path), "--tar", "--interleave", "2", "--no-progress")
     assert result.returncode == 0, result.stderr
+    assert "suggested: --interleave 4 (twice the shards read at once)" in result.stdout
     assert re.search(
         r"^60 samples in [\d.]+ s: [\d,]+ samples/s, ([\d.]+) MB/s", result.stdout, re.M
     )
