@@ -228,6 +228,13 @@ class LoaderStats:
                 "its iterator faster, or store the data in shards (TarShards, ParquetShards) "
                 "and raise interleave"
             )
+        if stage == "fetch" and self.peak_in_flight < self.requests_limit:
+            return "fetch", (
+                f"{self.peak_in_flight} of {self.requests_limit} requests in flight at peak, "
+                f"p99 {self.fetch.p99_s * 1000:.0f} ms: they were never all in use (too few "
+                "items in the batches ahead, or the event loop's thread is busy), so raising "
+                "item_concurrency or num_workers would not help"
+            )
         if stage == "fetch":
             return "fetch", (
                 f"{self.peak_in_flight} requests in flight at peak, p99 "

@@ -156,6 +156,20 @@ def test_the_report_names_a_fetch_bound_loader() -> None:
     assert "raise item_concurrency" in stats.report()
 
 
+def test_a_fetch_bound_loader_that_never_used_all_its_requests_is_not_told_to_add_more() -> None:
+    # 3 items cannot keep 64 requests in flight: "raise item_concurrency" was the advice.
+    with DataLoader(
+        AsyncData(3, delay=0.02), batch_size=3, num_workers=16, item_concurrency=4
+    ) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.bottleneck()[0] == "fetch"
+    assert "3 of 64 requests in flight at peak" in stats.report()
+    assert "would not help" in stats.report()
+    assert "raise item_concurrency or num_workers" not in stats.report()
+
+
 class SlowStream:
     """A stream whose every item takes its reader 2 ms (the iterator's own work)."""
 
