@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from asyncloader import DataLoader, HttpDataset, Retry, SkipBudgetExceeded, StageStats
+from asyncloader import (
+    DataLoader,
+    HttpDataset,
+    LoaderStats,
+    Retry,
+    SkipBudgetExceeded,
+    StageStats,
+)
 
 from .datasets import AsyncData, SyncData
 from .servers import FaultServer, body
@@ -144,13 +151,21 @@ def test_failed_batches_are_counted_as_errors() -> None:
         assert loader.stats().batches == 4
 
 
-def test_the_report_names_a_fetch_bound_loader() -> None:
+def _fetch_bound(items: int, batch_size: int, num_workers: int, lanes: int) -> LoaderStats:
+    """The statistics of an epoch of ``items`` that each take 20 ms to fetch."""
     with DataLoader(
-        AsyncData(60, delay=0.02), batch_size=6, num_workers=1, item_concurrency=2
+        AsyncData(items, delay=0.02),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        item_concurrency=lanes,
     ) as loader:
         for _ in loader:
             pass
-        stats = loader.stats()
+        return loader.stats()
+
+
+def test_the_report_names_a_fetch_bound_loader() -> None:
+    stats = _fetch_bound(60, 6, 1, 2)
     assert stats.bottleneck()[0] == "fetch"
     assert "fetch-bound" in stats.report()
     assert "raise item_concurrency" in stats.report()
@@ -158,12 +173,7 @@ def test_the_report_names_a_fetch_bound_loader() -> None:
 
 def test_a_fetch_bound_loader_that_never_used_all_its_requests_is_not_told_to_add_more() -> None:
     # 3 items cannot keep 64 requests in flight: "raise item_concurrency" was the advice.
-    with DataLoader(
-        AsyncData(3, delay=0.02), batch_size=3, num_workers=16, item_concurrency=4
-    ) as loader:
-        for _ in loader:
-            pass
-        stats = loader.stats()
+    stats = _fetch_bound(3, 3, 16, 4)
     assert stats.bottleneck()[0] == "fetch"
     assert "3 of 64 requests in flight at peak" in stats.report()
     assert "would not help" in stats.report()
