@@ -30,6 +30,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -135,6 +136,11 @@ class _Worker:
         self.ready = False
         self.dead = False
         self.threads: list[threading.Thread] = []
+        self._sockets = threading.Lock()
+        self._serving = 0
+        """Its threads that may still read or write its socket."""
+        self._closed = False
+        """:meth:`close` was called: the last of its threads to end closes the socket."""
 
     @property
     def where(self) -> str:
@@ -145,14 +151,35 @@ class _Worker:
         """Start the threads that send its jobs and take its results."""
         self.threads = [
             threading.Thread(
-                target=role,
+                target=self._serve,
+                args=(role,),
                 name=f"asyncloader-worker-{self.number}-{role.__name__[1:]}",
                 daemon=True,
             )
             for role in (self._send, self._receive)
         ]
         for thread in self.threads:
-            thread.start()
+            with self._sockets:
+                self._serving += 1
+            try:
+                thread.start()
+            except BaseException:
+                self._left()
+                raise
+
+    def _serve(self, role: Callable[[], None]) -> None:
+        try:
+            role()
+        finally:
+            self._left()
+
+    def _left(self) -> None:
+        """One of its threads is done with the socket (or never started)."""
+        with self._sockets:
+            self._serving -= 1
+            last = self._closed and self._serving == 0
+        if last:
+            self._close_socket()
 
     def _send(self) -> None:
         pool = self.pool
@@ -275,7 +302,7 @@ class _Worker:
 
     def close(self, join: float = 0.0) -> None:
         """Close this side's socket (after the worker exited or was killed), and wait up to
-        ``join`` seconds for its threads to end."""
+        ``join`` seconds for its threads to end; one still running closes it as it ends."""
         # Shut down first: a thread blocked on the socket returns, and only then is it closed
         # (a descriptor closed under a blocked read could be reused by another file).
         with contextlib.suppress(OSError):
@@ -284,6 +311,18 @@ class _Worker:
         for thread in self.threads:
             if thread.ident is not None and thread is not threading.current_thread():
                 thread.join(join)
+        # Closed once no thread of its own may be in a call on it: closed under a call, its
+        # descriptors' numbers could go to the next file opened (a new worker's socket),
+        # which the call would then write to or read from. Until session 33 a job sent as
+        # its worker died could reach the worker that replaced it, whose answer was then
+        # taken for another batch's.
+        with self._sockets:
+            self._closed = True
+            now = self._serving == 0
+        if now:
+            self._close_socket()
+
+    def _close_socket(self) -> None:
         self.sock.close()
         self.conn.close()
 
