@@ -100,12 +100,14 @@ class Reply:
 
 
 class _Task:
-    __slots__ = ("future", "job", "loop")
+    __slots__ = ("future", "job", "loop", "number")
 
     def __init__(
         self, job: Job, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Reply]
     ) -> None:
         self.job, self.loop, self.future = job, loop, future
+        self.number = 0
+        """The job's number, unique in its pool: its worker's answer carries it back."""
 
     def resolve(self, reply: Reply | None, error: BaseException | None = None) -> None:
         def settle() -> None:
@@ -135,6 +137,8 @@ class _Worker:
         self.mapped: Mapped | None = None
         self.ready = False
         self.dead = False
+        self.failure: str | None = None
+        """What the worker did wrong, where it did not die: it is killed and replaced."""
         self.threads: list[threading.Thread] = []
         self._sockets = threading.Lock()
         self._serving = 0
@@ -189,7 +193,7 @@ class _Worker:
                 if task is None:
                     break
                 try:
-                    message = pickle.dumps(task.job, protocol=5)
+                    message = pickle.dumps((task.number, task.job), protocol=5)
                 except Exception as error:  # items that cannot cross
                     pool.done(self, None)
                     task.resolve(None, WorkerError(f"a batch's items cannot be pickled: {error}"))
@@ -212,10 +216,15 @@ class _Worker:
             self.ready = True
             self.pool.started()
             while True:
-                reply = pickle.loads(self.conn.recv_bytes())
+                number, reply = pickle.loads(self.conn.recv_bytes())
                 fds = []
                 if reply[0] == "ok" and reply[3]:
                     _, fds, _, _ = socket.recv_fds(self.sock, 1, len(reply[3]))
+                if not self.pool.answers(self, number):
+                    for fd in fds:
+                        os.close(fd)
+                    self.failure = f"answered a job it was not given (job {number})"
+                    return
                 task = self.pool.done(self, True)
                 self._deliver(task, reply, fds)
                 del task, reply
@@ -258,7 +267,7 @@ class _Worker:
             for task in held:
                 task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
             return
-        reason = _reason(self.process.exitcode)
+        reason = self.failure or _reason(self.process.exitcode)
         if held or not self.ready:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:  # it could not even start: a new one would fare no better
@@ -388,7 +397,8 @@ class ProcessPool:
                 raise RuntimeError("the loader's worker processes are shut down")
             if self._broken is not None:
                 raise self._broken
-            heapq.heappush(self._queue, (priority.get(), next(self._order), task))
+            task.number = next(self._order)
+            heapq.heappush(self._queue, (priority.get(), task.number, task))
             self._busy += 1
             self._changed.notify()
         return await future
@@ -407,6 +417,12 @@ class ProcessPool:
                     worker.held.append(task)
                     return task
                 self._changed.wait()
+
+    def answers(self, worker: _Worker, number: int) -> bool:
+        """Whether an answer of ``worker`` to job ``number`` is to its oldest job, as each of
+        its answers must be (any other would be taken for another batch's)."""
+        with self._changed:
+            return bool(worker.held) and worker.held[0].number == number
 
     def done(self, worker: _Worker, answered: bool | None) -> _Task:
         """``worker`` answered its oldest job (or, with ``None``, could not send it)."""

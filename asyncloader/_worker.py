@@ -2,7 +2,8 @@
 
 It starts with the loader's work (the sync dataset, the transform, the collate function)
 loaded, by the zygote that forked it (:mod:`._zygote`) from the memory the loader pickled it
-into, and gets jobs over its socket: ``fetch`` (fetch a sync
+into, and gets jobs over its socket, each with its number, which its answer carries back
+(the loader checks it is the job it expects): ``fetch`` (fetch a sync
 dataset's batch, transform, collate) or ``finish`` (transform and collate items the loader
 fetched). Each job runs in the code the threads run (:mod:`._epoch`), under the job's
 ``(seed, epoch)`` key, so its batch is the one a thread would make, bit for bit. The batch
@@ -189,13 +190,14 @@ def serve(conn: Connection, work: Work) -> None:
         socket.send_fds(sock, [b"F"], [arena.control_fd])
         while True:
             message = conn.recv_bytes()
-            job: Job | None = pickle.loads(message)
+            numbered: tuple[int, Job] | None = pickle.loads(message)
             del message
-            if job is None:
+            if numbered is None:
                 return
+            number, job = numbered
             reply, fds = _run(work, job, arena)
-            del job
-            conn.send_bytes(pickle.dumps(reply, protocol=5))
+            del job, numbered
+            conn.send_bytes(pickle.dumps((number, reply), protocol=5))
             del reply
             if fds:
                 try:

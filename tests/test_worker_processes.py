@@ -515,8 +515,8 @@ class _LateSend:
         import pickle
         import struct
 
-        job = pickle.loads(message)
-        if job is None or job[1] != self.indices:
+        numbered = pickle.loads(message)  # (the job's number, the job), or None: stop
+        if numbered is None or numbered[1][1] != self.indices:
             self.conn.send_bytes(message)
             return
         fd = self.conn.fileno()
@@ -552,6 +552,59 @@ def test_a_job_sent_as_its_worker_dies_never_reaches_the_replacement() -> None:
             assert np.array(outcome)[:, 0, 0, 0].tolist() == [
                 proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
             ]
+
+
+class _Renumbered:
+    """A worker's connection on which its third answer comes back with another job's number,
+    as an answer to a job it was not given (a stray write's) would."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.answers = 0
+
+    def recv_bytes(self) -> bytes:
+        import pickle
+
+        message: bytes = self.conn.recv_bytes()
+        self.answers += 1
+        if self.answers != 3:
+            return message
+        number, reply = pickle.loads(message)
+        return pickle.dumps((number + 1000, reply), protocol=5)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def test_a_worker_that_answers_a_job_it_was_not_given_is_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An answer was taken for the worker's oldest job, whichever job it answered: a stray
+    # job's answer gave its images to another batch, with no error (as the test above made
+    # happen). Now each job goes with its number, and an answer that does not carry its
+    # worker's oldest job's fails the batches the worker held, and the worker is replaced.
+    loader = ready(DataLoader(proc_data.Images(40), batch_size=2, cpu_processes=1))
+    with loader, caplog.at_level("WARNING", logger="asyncloader"):
+        pool = loader._runtime_here().procs
+        assert pool is not None
+        renumbered = _Renumbered(pool.workers[0].conn)
+        pool.workers[0].conn = renumbered  # type: ignore[assignment]
+        outcomes = run_epoch(loader)
+        assert renumbered.answers >= 3
+        again = run_epoch(loader)  # on the new worker
+    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
+    # The third answer's batch, and the next if the worker held it too.
+    assert 1 <= len(failed) <= 2, failed
+    for n, outcome in enumerate(outcomes):
+        if n in failed:
+            assert isinstance(outcome, WorkerError)
+            assert "answered a job it was not given" in str(outcome)
+        else:
+            assert np.array(outcome)[:, 0, 0, 0].tolist() == [
+                proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
+            ]
+    assert not any(isinstance(outcome, BaseException) for outcome in again)
+    assert any("answered a job it was not given" in r.getMessage() for r in caplog.records)
 
 
 def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> None:
