@@ -220,6 +220,14 @@ class _Worker:
                 fds = []
                 if reply[0] == "ok" and reply[3]:
                     _, fds, _, _ = socket.recv_fds(self.sock, 1, len(reply[3]))
+                if len(fds) != (len(reply[3]) if reply[0] == "ok" else 0):
+                    # It died between its answer and its segments' descriptors (or sent
+                    # too few): the batch fails as any batch a dead worker held. Until
+                    # session 33 a ValueError ended this thread, and the batch was never
+                    # answered.
+                    for fd in fds:
+                        os.close(fd)
+                    return
                 if not self.pool.answers(self, number):
                     for fd in fds:
                         os.close(fd)
