@@ -483,22 +483,29 @@ def test_a_worker_that_dies_fails_only_the_batches_it_held(how: str, said: str) 
     )
     with loader:
         outcomes = run_epoch(loader)
-        failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
-        assert 4 in failed  # the batch of item 9
-        # A worker holds at most two batches; every other batch is whole and right.
-        assert len(failed) <= 2, failed
-        for n, outcome in enumerate(outcomes):
-            if n in failed:
-                assert isinstance(outcome, WorkerError)
-                assert said in str(outcome)
-            else:
-                assert np.array(outcome)[:, 0, 0, 0].tolist() == [
-                    proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
-                ]
+        # The batch of item 9 (a worker holds at most two); every other batch whole and right.
+        assert 4 in _failed_as_held(outcomes, said)
         # It was replaced: the next epoch runs on two live workers, and dies at item 9 again.
         again = run_epoch(loader)
         assert isinstance(again[4], WorkerError)
         assert sum(not isinstance(o, BaseException) for o in again) >= len(again) - 2
+
+
+def _failed_as_held(outcomes: list[Any], said: str = "") -> list[int]:
+    """The batches of an epoch of ``proc_data.Images(40)`` by twos that failed: one or two (a
+    worker holds at most two), each a ``WorkerError`` that says ``said``; every other batch
+    right."""
+    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
+    assert 1 <= len(failed) <= 2, failed
+    for n, outcome in enumerate(outcomes):
+        if n in failed:
+            assert isinstance(outcome, WorkerError)
+            assert said in str(outcome)
+        else:
+            assert np.array(outcome)[:, 0, 0, 0].tolist() == [
+                proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
+            ]
+    return failed
 
 
 class _LateSend:
@@ -544,14 +551,8 @@ def test_a_job_sent_as_its_worker_dies_never_reaches_the_replacement() -> None:
         pool.workers[0].conn = late  # type: ignore[assignment]
         outcomes = run_epoch(loader)
         assert late.held_up.is_set()
-    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
-    assert 5 in failed  # the batch held up; the one before it if the worker still held it
-    assert len(failed) <= 2, failed
-    for n, outcome in enumerate(outcomes):
-        if n not in failed:
-            assert np.array(outcome)[:, 0, 0, 0].tolist() == [
-                proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
-            ]
+    # The batch held up; the one before it if the worker still held it.
+    assert 5 in _failed_as_held(outcomes)
 
 
 class _Renumbered:
@@ -592,17 +593,8 @@ def test_a_worker_that_answers_a_job_it_was_not_given_is_replaced(
         outcomes = run_epoch(loader)
         assert renumbered.answers >= 3
         again = run_epoch(loader)  # on the new worker
-    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
     # The third answer's batch, and the next if the worker held it too.
-    assert 1 <= len(failed) <= 2, failed
-    for n, outcome in enumerate(outcomes):
-        if n in failed:
-            assert isinstance(outcome, WorkerError)
-            assert "answered a job it was not given" in str(outcome)
-        else:
-            assert np.array(outcome)[:, 0, 0, 0].tolist() == [
-                proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
-            ]
+    _failed_as_held(outcomes, "answered a job it was not given")
     assert not any(isinstance(outcome, BaseException) for outcome in again)
     assert any("answered a job it was not given" in r.getMessage() for r in caplog.records)
 
@@ -646,15 +638,7 @@ def test_an_answer_without_its_descriptors_fails_its_batch_and_the_epoch_goes_on
         outcomes = run_epoch(loader)
         assert short.cut
         again = run_epoch(loader)  # on the new worker
-    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
-    assert 1 <= len(failed) <= 2, failed
-    for n, outcome in enumerate(outcomes):
-        if n in failed:
-            assert isinstance(outcome, WorkerError)
-        else:
-            assert np.array(outcome)[:, 0, 0, 0].tolist() == [
-                proc_data.Images(40)[i][0, 0, 0] for i in (2 * n, 2 * n + 1)
-            ]
+    _failed_as_held(outcomes)
     assert not any(isinstance(outcome, BaseException) for outcome in again)
 
 
