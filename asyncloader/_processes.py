@@ -217,21 +217,17 @@ class _Worker:
             self.pool.started()
             while True:
                 number, reply = pickle.loads(self.conn.recv_bytes())
-                fds = []
-                if reply[0] == "ok" and reply[3]:
-                    _, fds, _, _ = socket.recv_fds(self.sock, 1, len(reply[3]))
-                if len(fds) != (len(reply[3]) if reply[0] == "ok" else 0):
-                    # It died between its answer and its segments' descriptors (or sent
-                    # too few): the batch fails as any batch a dead worker held. Until
-                    # session 33 a ValueError ended this thread, and the batch was never
-                    # answered.
+                expected = len(reply[3]) if reply[0] == "ok" else 0
+                fds = socket.recv_fds(self.sock, 1, expected)[1] if expected else []
+                # Short of descriptors: it died between its answer and them, and the batch
+                # fails as any a dead worker held (until session 33 a ValueError ended this
+                # thread, the batch never answered).
+                complete = len(fds) == expected
+                if not complete or not self.pool.answers(self, number):
                     for fd in fds:
                         os.close(fd)
-                    return
-                if not self.pool.answers(self, number):
-                    for fd in fds:
-                        os.close(fd)
-                    self.failure = f"answered a job it was not given (job {number})"
+                    if complete:
+                        self.failure = f"answered a job it was not given (job {number})"
                     return
                 task = self.pool.done(self, True)
                 self._deliver(task, reply, fds)

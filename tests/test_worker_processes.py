@@ -508,14 +508,24 @@ def _failed_as_held(outcomes: list[Any], said: str = "") -> list[int]:
     return failed
 
 
-class _LateSend:
+class _Proxy:
+    """A worker's connection, wrapped: what a subclass does not change goes to it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+class _LateSend(_Proxy):
     """A worker's connection whose send of one job is held up, as a thread preempted inside
     ``send_bytes`` is: its descriptor taken, the worker killed (SIGKILL, as the OOM killer
     does), and the write made only once the worker has been replaced (or after 2 s)."""
 
     def __init__(self, pool: Any, indices: list[int]) -> None:
+        super().__init__(pool.workers[0].conn)
         self.pool, self.worker, self.indices = pool, pool.workers[0], indices
-        self.conn = self.worker.conn
         self.held_up = threading.Event()
 
     def send_bytes(self, message: bytes) -> None:
@@ -533,9 +543,6 @@ class _LateSend:
         while self.pool.workers[0] is self.worker and time.monotonic() < deadline:
             time.sleep(0.005)  # polls the pool: no event tells of a replacement
         os.write(fd, struct.pack("!i", len(message)) + message)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
 
 
 def test_a_job_sent_as_its_worker_dies_never_reaches_the_replacement() -> None:
@@ -555,12 +562,12 @@ def test_a_job_sent_as_its_worker_dies_never_reaches_the_replacement() -> None:
     assert 5 in _failed_as_held(outcomes)
 
 
-class _Renumbered:
+class _Renumbered(_Proxy):
     """A worker's connection on which its third answer comes back with another job's number,
     as an answer to a job it was not given (a stray write's) would."""
 
     def __init__(self, conn: Any) -> None:
-        self.conn = conn
+        super().__init__(conn)
         self.answers = 0
 
     def recv_bytes(self) -> bytes:
@@ -572,9 +579,6 @@ class _Renumbered:
             return message
         number, reply = pickle.loads(message)
         return pickle.dumps((number + 1000, reply), protocol=5)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
 
 
 def test_a_worker_that_answers_a_job_it_was_not_given_is_replaced(
@@ -599,13 +603,13 @@ def test_a_worker_that_answers_a_job_it_was_not_given_is_replaced(
     assert any("answered a job it was not given" in r.getMessage() for r in caplog.records)
 
 
-class _ShortOfDescriptors:
+class _ShortOfDescriptors(_Proxy):
     """A worker's connection on which its first answer with new shared memory says there is
     one segment more than the descriptors that follow it, as an answer does whose worker
     died before it sent them."""
 
     def __init__(self, conn: Any) -> None:
-        self.conn = conn
+        super().__init__(conn)
         self.cut = False
 
     def recv_bytes(self) -> bytes:
@@ -620,9 +624,6 @@ class _ShortOfDescriptors:
         self.cut = True
         reply = (*reply[:3], [*reply[3], (reply[3][-1][0] + 1, 4096)], *reply[4:])
         return pickle.dumps((number, reply), protocol=5)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.conn, name)
 
 
 def test_an_answer_without_its_descriptors_fails_its_batch_and_the_epoch_goes_on() -> None:
