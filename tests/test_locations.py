@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncloader import FileDataset, HttpDataset, Template
+from asyncloader import FileDataset, HttpDataset, ObjectStoreDataset, Template
 from asyncloader.datasets._locations import Locations, _url_escape
 
 PIECES = [*"/\\\x00.?#%:@ab&=;+ ", "%2e", "%2E", "..", "\u2215", "\u00e9"]
@@ -156,6 +156,22 @@ def test_an_index_written_as_digits_renders_as_the_general_path_does(
     general._digits = None
     assert (fast._digits is not None) == all(spec in DIGIT_SPECS for spec in specs)
     assert _outcome(fast, index) == _outcome(general, index)
+
+
+@pytest.mark.parametrize(
+    ("make", "hint"),
+    [
+        (lambda: FileDataset("/data/train"), "for one file: [path]; for a folder's files"),
+        (lambda: HttpDataset("http://h/shard-000000.tar"), "for one URL: [url]"),
+        (lambda: ObjectStoreDataset(None, "train/"), "ObjectStoreDataset.from_prefix"),
+    ],
+)
+def test_one_string_as_locations_fails_saying_what_to_write(make: Any, hint: str) -> None:
+    # A folder, a prefix or one shard as a string failed as "not one string", saying nothing
+    # of how to give one location or a folder's files.
+    with pytest.raises(TypeError, match="not one string") as caught:
+        make()
+    assert hint in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,17 @@ _BRACES: Final = re.compile(r"\{(\d+)\.\.(\d+)\}")
 """webdataset's brace range of shards: ``shard-{000000..000099}.tar``."""
 
 
+_ONE_STRING: Final[dict[Target, str]] = {
+    "path": "; for one file: [path]; for a folder's files: sorted(os.listdir(folder)), root=folder",
+    "url": "; for one URL: [url]; for numbered ones: a Template",
+    "key": (
+        "; for one key: [key]; for every key under a prefix: "
+        "await ObjectStoreDataset.from_prefix(url)"
+    ),
+}
+"""What to write instead of one location string, by what the locations name."""
+
+
 def _brace_hint(text: object) -> str:
     """What to write instead of a brace range, if ``text`` has one (webdataset's habit)."""
     found = _BRACES.search(text if isinstance(text, str) else "")
@@ -273,7 +284,7 @@ class Locations:
         elif isinstance(source, str | bytes):
             raise TypeError(
                 "locations must be a list, a function or a Template, not one string"
-                + _brace_hint(source)
+                + (_brace_hint(source) or _ONE_STRING[target])
             )
         elif _is_sequence(source):
             self._list = list(source)  # type: ignore[call-overload]
