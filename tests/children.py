@@ -14,6 +14,12 @@ ROOT = Path(__file__).parent.parent
 """Where the child runs, so that it imports ``tests.*`` as the tests do."""
 
 
+INTERRUPTIBLE = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+"""The first lines of a child that is sent SIGINT. Python raises KeyboardInterrupt on SIGINT
+only if it started with SIGINT's default action; a child of a test run that a script started
+in the background (``cmd &``) starts with SIGINT ignored, and would never see it."""
+
+
 def run_script(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``script`` (dedented) run by this Python with ``args``; its output as text."""
     return subprocess.run(

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from .children import INTERRUPTIBLE
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PRELUDE = """
@@ -76,7 +78,9 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
     # A watcher thread in the child sends SIGINT to its own process once the main thread is
     # blocked inside the loader's wait (seen in its stack), so the signal always lands there.
     result = _run(
-        """
+        INTERRUPTIBLE
+        + textwrap.dedent(
+            """
         import signal, traceback
 
         def blocked_in_wait():
@@ -103,6 +107,7 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
         loader.dataset.n = 4
         print("next epoch", [b.tolist() for b in loader])
         """
+        )
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -26,6 +26,7 @@ from asyncloader import DataLoader, ImageCollator, SkipBudgetExceeded, WorkerErr
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from . import proc_data
+from .children import INTERRUPTIBLE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -934,7 +935,8 @@ next(it)
 @pytest.mark.timeout(120)
 def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
     result = _child(
-        "import threading\n"
+        INTERRUPTIBLE
+        + "import threading\n"
         + RUNNING
         + textwrap.dedent(
             """
