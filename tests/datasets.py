@@ -1,5 +1,5 @@
 """Datasets the tests drive: they count what the loader does to them, from the inside; and
-:func:`streamed`, one shard source's stream read by hand."""
+:func:`streamed` and :func:`first_item`, a built-in dataset read by hand."""
 
 from __future__ import annotations
 
@@ -134,3 +134,18 @@ def streamed(dataset: Any, pause: float = 0.0) -> tuple[Any, list[bytes]]:
                 await dataset.aclose()
 
     return asyncio.run(run()), chunks
+
+
+def first_item(dataset: Any) -> Any:
+    """Item 0 of an async dataset, on a loop of its own, or the exception raised for it; the
+    dataset is closed after."""
+
+    async def get() -> Any:
+        try:
+            return await dataset[0]
+        except Exception as error:
+            return error
+        finally:
+            await dataset.aclose()
+
+    return asyncio.run(get())

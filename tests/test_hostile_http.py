@@ -26,7 +26,7 @@ from aiohttp import web
 
 from asyncloader import DataLoader, HttpDataset, Retry
 
-from .datasets import streamed
+from .datasets import first_item, streamed
 from .raw_server import RawServer, deflate_bomb, gzip_bomb, response, run_raw_server
 from .servers import FaultServer
 
@@ -37,20 +37,6 @@ SECRETS = {
     "X-Amz-Security-Token": "token-secret",
 }
 NO_RETRY = Retry(max_retries=0)
-
-
-def fetch(dataset: HttpDataset) -> Any:
-    """Item 0, or the exception raised for it."""
-
-    async def get() -> Any:
-        try:
-            return await dataset[0]
-        except Exception as error:
-            return error
-        finally:
-            await dataset.aclose()
-
-    return asyncio.run(get())
 
 
 @pytest.fixture
@@ -76,7 +62,7 @@ def redirecting(target: str) -> Iterator[RawServer]:
 
 def test_credential_headers_never_follow_a_redirect_to_another_origin(other: RawServer) -> None:
     for server in redirecting(other.url + "/landing"):
-        out = fetch(HttpDataset([server.url + "/start"], headers=SECRETS))
+        out = first_item(HttpDataset([server.url + "/start"], headers=SECRETS))
         assert out == b"other"
         assert server.requests[0][1]["x-api-key"] == "key-secret"
         (path, seen), *_ = other.requests
@@ -86,7 +72,7 @@ def test_credential_headers_never_follow_a_redirect_to_another_origin(other: Raw
 
 def test_headers_go_with_a_redirect_to_the_same_origin() -> None:
     for server in redirecting("/end"):
-        assert fetch(HttpDataset([server.url + "/start"], headers=SECRETS)) == b"same origin"
+        assert first_item(HttpDataset([server.url + "/start"], headers=SECRETS)) == b"same origin"
         assert [path for path, _ in server.requests] == ["/start", "/end"]
         assert all(seen["x-amz-security-token"] == "token-secret" for _, seen in server.requests)
 
@@ -94,7 +80,7 @@ def test_headers_go_with_a_redirect_to_the_same_origin() -> None:
 def test_a_scheme_relative_location_to_another_port_is_another_origin(other: RawServer) -> None:
     port = other.url.rsplit(":", 1)[1]
     for _ in redirecting(f"//127.0.0.1:{port}/x"):
-        out = fetch(HttpDataset([_.url + "/start"], headers=SECRETS))
+        out = first_item(HttpDataset([_.url + "/start"], headers=SECRETS))
         assert out == b"other"
         assert "authorization" not in other.requests[0][1]
 
@@ -106,7 +92,7 @@ def test_max_redirects_follows_a_chain_of_n_and_fails_on_the_next(
     limit: int, chain: int, ok: bool
 ) -> None:
     for server in redirecting("/"):
-        out = fetch(HttpDataset([f"{server.url}/hop/{chain - 1}"], max_redirects=limit))
+        out = first_item(HttpDataset([f"{server.url}/hop/{chain - 1}"], max_redirects=limit))
         if ok:
             assert out == b"same origin"
         else:
@@ -137,7 +123,7 @@ NOT_FOLLOWED = {
 def test_a_3xx_that_is_not_followed_fails_its_item(case: str) -> None:
     reply = NOT_FOLLOWED[case]
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], retry=NO_RETRY))
+        out = first_item(HttpDataset([server.url + "/x"], retry=NO_RETRY))
     assert type(out) is OSError, out
     assert "HTTP 3" in str(out)
     assert len(server.requests) == 1
@@ -158,7 +144,7 @@ def test_a_2xx_that_is_not_the_whole_object_fails_its_item(case: str) -> None:
     # 100-byte object, silently; a 202's body (a status, not the object) as the item too.
     reply = NOT_THE_OBJECT[case]
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
+        out = first_item(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
         ended, chunks = streamed(HttpDataset([server.url + "/x"], retry=NO_RETRY))
     for failure in (out, ended):
         assert type(failure) is OSError, failure
@@ -170,7 +156,7 @@ def test_a_2xx_that_is_not_the_whole_object_fails_its_item(case: str) -> None:
 
 def test_a_204_is_an_empty_item() -> None:
     with run_raw_server(lambda path, headers: response(204)) as server:
-        assert fetch(HttpDataset([server.url + "/x"], retry=NO_RETRY)) == b""
+        assert first_item(HttpDataset([server.url + "/x"], retry=NO_RETRY)) == b""
 
 
 GZIPPED = gzip.compress(b"hello", mtime=0)
@@ -238,7 +224,7 @@ MALFORMED = {
 def test_malformed_responses_fail_once_saying_why(case: str) -> None:
     reply, reason = MALFORMED[case]
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
+        out = first_item(HttpDataset([server.url + "/x"], retry=Retry(3, 0.01, 0.01)))
     assert isinstance(out, OSError), out
     assert reason in str(out)
     assert "ClientResponseError" not in str(out)
@@ -292,7 +278,7 @@ def test_a_stream_whose_server_never_gives_a_final_response_times_out() -> None:
 def test_a_body_cut_short_is_retried_saying_how_much_came() -> None:
     reply = response(body=b"abc", headers={"Content-Length": "10"})
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(2, 0.01, 0.01)))
+        out = first_item(HttpDataset([server.url + "/x"], retry=Retry(2, 0.01, 0.01)))
     assert isinstance(out, OSError)
     assert "received 3 of 10 bytes" in str(out)
     assert len(server.requests) == 3
@@ -316,7 +302,7 @@ def test_a_503_with_any_retry_after_is_retried_within_max_backoff(retry_after: s
         [response(status=503, headers={"Retry-After": retry_after}), response(body=b"after")]
     )
     with run_raw_server(lambda path, headers: next(answers)) as server:
-        out = fetch(HttpDataset([server.url + "/x"], retry=Retry(1, 0.01, 0.01)))
+        out = first_item(HttpDataset([server.url + "/x"], retry=Retry(1, 0.01, 0.01)))
     assert out == b"after"
     assert len(server.requests) == 2
 
@@ -329,7 +315,7 @@ def test_bombs_are_cut_at_max_bytes_after_decoding(encoding: str, body: bytes) -
     assert len(body) < 1 << 20  # a quarter of a GiB in under a MiB
     reply = response(body=body, headers={"Content-Encoding": encoding})
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], max_bytes=1 << 20))
+        out = first_item(HttpDataset([server.url + "/x"], max_bytes=1 << 20))
     assert type(out) is ValueError
     assert "over max_bytes=1048576" in str(out)
     assert len(server.requests) == 1
@@ -339,7 +325,7 @@ def test_a_trickling_body_times_out_per_attempt() -> None:
     reply: list[bytes | float] = [response(body=b"", headers={"Content-Length": "1000"})]
     reply += [b"x", 0.05] * 200
     with run_raw_server(lambda path, headers: reply) as server:
-        out = fetch(HttpDataset([server.url + "/x"], timeout=0.5, retry=Retry(1, 0.01, 0.01)))
+        out = first_item(HttpDataset([server.url + "/x"], timeout=0.5, retry=Retry(1, 0.01, 0.01)))
     assert type(out) is TimeoutError
     assert len(server.requests) == 2
 

@@ -16,6 +16,7 @@ from .._settings import check_int, check_timeout
 from ._fast_urls import path_urls
 from ._locations import Locations
 from ._origins import Origins, connection_limit
+from ._proxies import Proxies
 from ._ranges import RangeFile, encoded
 from ._redact import redact_text, redact_url
 from ._retry import AttemptFailed, Retry, retrying
@@ -188,6 +189,10 @@ class HttpDataset:
     ``https`` to ``http``, nor to another scheme. A
     3xx that is not followed (no usable ``Location``, 304, 300) fails its item.
 
+    Proxies are the environment's, as curl, requests and obstore take them, read when the
+    dataset is built: ``http_proxy``, ``https_proxy`` (a tunnel), ``all_proxy`` and
+    ``no_proxy``; never for a loopback host (see :mod:`._proxies`).
+
     Args:
         locations: A list of URLs, a function of the index, or a
             :class:`~asyncloader.Template` (values are percent-encoded). A template whose
@@ -239,6 +244,7 @@ class HttpDataset:
             raise TypeError(f"headers must be a mapping of str to str, got {type(headers)}")
         self.headers = dict(headers or {})
         self._origins = Origins()
+        self._proxies = Proxies()
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
             raise TypeError("headers must be a mapping of str to str")
         _check_headers(self.headers)
@@ -434,12 +440,17 @@ class HttpDataset:
             if type(url) is str and self._origins.close_after(url):
                 headers = {**(headers or {}), "Connection": "close"}
             for hop in range(self.max_redirects + 1):
+                proxy = self._proxies.for_url(target)
                 request = (
-                    session.get(target, allow_redirects=False, headers=headers)
+                    session.get(target, allow_redirects=False, headers=headers, proxy=proxy)
                     if timeout is None
                     else self._head_within(
                         session.get(
-                            target, allow_redirects=False, headers=headers, timeout=timeout
+                            target,
+                            allow_redirects=False,
+                            headers=headers,
+                            proxy=proxy,
+                            timeout=timeout,
                         ),
                         url,
                     )
@@ -500,6 +511,13 @@ class HttpDataset:
                     f"GET {redact_url(url)}: connection failed ({_connection_reason(error)})"
                 ),
                 transient=True,
+            ) from None
+        except aiohttp.ClientHttpProxyError as error:  # an https tunnel, refused
+            raise AttemptFailed(
+                ConnectionError(
+                    f"GET {redact_url(url)}: the proxy refused the tunnel: HTTP {error.status}"
+                ),
+                transient=error.status in TRANSIENT_STATUSES,
             ) from None
         except aiohttp.ClientResponseError as error:  # the response could not be parsed
             raise AttemptFailed(

@@ -1,0 +1,126 @@
+"""HttpDataset through the environment's proxies (``http_proxy``, ``https_proxy``,
+``all_proxy``, ``no_proxy``), as curl, requests and obstore take them.
+
+The proxy is a raw-socket server on 127.0.0.1 that answers requests itself; the locations
+name a host that does not resolve (``shards.invalid``), so a request that reached the proxy
+cannot have gone anywhere else, and one that went direct fails to connect.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from asyncloader import DataLoader, HttpDataset, Retry
+
+from .datasets import first_item
+from .raw_server import RawServer, response, run_raw_server
+
+NO_RETRY = Retry(max_retries=0)
+ELSEWHERE = "http://shards.invalid/train/000001.tar"
+
+
+@pytest.fixture(autouse=True)
+def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sets the proxies it means, whatever the environment running the tests has."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy") or name == "REQUEST_METHOD":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def proxy() -> Iterator[RawServer]:
+    """A proxy that answers every request itself, ``via proxy``."""
+    with run_raw_server(lambda path, headers: response(body=b"via proxy")) as server:
+        yield server
+
+
+@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY", "all_proxy"])
+def test_a_request_goes_through_the_environments_proxy(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    monkeypatch.setenv(variable, proxy.url)
+    assert first_item(HttpDataset([ELSEWHERE], retry=NO_RETRY)) == b"via proxy"
+    (target, headers), *_ = proxy.requests
+    assert target == ELSEWHERE  # the absolute form a proxy is asked with
+    assert headers["host"] == "shards.invalid"
+
+
+def test_a_loader_reads_its_batches_through_the_proxy(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("http_proxy", proxy.url)
+    urls = [f"http://shards.invalid/{index}" for index in range(6)]
+    loader = DataLoader(HttpDataset(urls, retry=NO_RETRY), batch_size=None)
+    assert list(loader) == [b"via proxy"] * 6
+    assert sorted(target for target, _ in proxy.requests) == sorted(urls)
+
+
+def test_the_proxys_credentials_go_to_it_and_into_no_message(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = proxy.url.removeprefix("http://")
+    monkeypatch.setenv("http_proxy", f"http://user:pass-secret@{host}")
+    assert first_item(HttpDataset([ELSEWHERE], retry=NO_RETRY)) == b"via proxy"
+    expected = base64.b64encode(b"user:pass-secret").decode()
+    assert proxy.requests[0][1]["proxy-authorization"] == f"Basic {expected}"
+    closed = "127.0.0.1:9"  # the discard port: nothing listens there
+    monkeypatch.setenv("http_proxy", f"http://user:pass-secret@{closed}")
+    error = first_item(HttpDataset([ELSEWHERE], retry=NO_RETRY))
+    assert isinstance(error, ConnectionError), error
+    assert "pass-secret" not in str(error)
+
+
+def test_no_proxy_and_loopback_hosts_go_direct(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("http_proxy", proxy.url)
+    monkeypatch.setenv("no_proxy", "example.com,.invalid")
+    error = first_item(HttpDataset([ELSEWHERE], retry=NO_RETRY))
+    assert isinstance(error, ConnectionError), error  # direct: the name does not resolve
+    with run_raw_server(lambda path, headers: response(body=b"direct")) as server:
+        monkeypatch.delenv("no_proxy")
+        assert first_item(HttpDataset([server.url + "/x"], retry=NO_RETRY)) == b"direct"
+        port = server.url.rsplit(":", 1)[1]
+        assert first_item(HttpDataset([f"http://localhost:{port}/y"], retry=NO_RETRY)) == b"direct"
+        assert [target for target, _ in server.requests] == ["/x", "/y"]
+    assert proxy.requests == []
+
+
+def test_https_goes_through_a_tunnel_whose_refusal_fails_the_item_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refusing = response(403, reason="Forbidden")
+    with run_raw_server(lambda path, headers: refusing) as proxy:
+        monkeypatch.setenv("https_proxy", proxy.url)
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # not for https
+        error = first_item(HttpDataset(["https://shards.invalid/a.tar"], retry=NO_RETRY))
+        assert [target for target, _ in proxy.requests] == ["shards.invalid:443"]
+    assert isinstance(error, ConnectionError), error
+    assert "the proxy refused the tunnel: HTTP 403" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("socks5h://user:pass-secret@127.0.0.1:1080", "socks5h://127.0.0.1:1080"),
+        ("http://user:pass-secret@127.0.0.1:99999", "it is not a URL"),
+    ],
+)
+def test_a_proxy_that_aiohttp_cannot_use_is_passed_over_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str, said: str
+) -> None:
+    monkeypatch.setenv("all_proxy", value)
+    with caplog.at_level(logging.WARNING, logger="asyncloader"):
+        HttpDataset([ELSEWHERE], retry=NO_RETRY)
+        HttpDataset([ELSEWHERE], retry=NO_RETRY)  # said once
+    (record,) = caplog.records
+    assert said in record.getMessage()
+    assert "pass-secret" not in record.getMessage()
+    with run_raw_server(lambda path, headers: response(body=b"direct")) as server:
+        dataset = HttpDataset([server.url + "/x"], retry=NO_RETRY)
+        assert first_item(dataset) == b"direct"
