@@ -19,6 +19,12 @@ from .servers import FaultServer, run_fault_server
 os.environ.setdefault("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
+# Every server a test starts is on 127.0.0.1, and obstore and botocore send even those
+# requests through the environment's proxy (a developer's behind one): the tests run with
+# none, and test_proxies.py sets the ones it means.
+for _name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+    del os.environ[_name]
+
 # torch is pinned for Python 3.11, the version CI runs, where it must be installed (a missing
 # torch fails there). Elsewhere no CPU wheel of it is at hand, so only its tests are left out.
 TORCH_MISSING = sys.version_info[:2] != (3, 11) and importlib.util.find_spec("torch") is None

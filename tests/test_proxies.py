@@ -3,14 +3,14 @@
 
 The proxy is a raw-socket server on 127.0.0.1 that answers requests itself; the locations
 name a host that does not resolve (``shards.invalid``), so a request that reached the proxy
-cannot have gone anywhere else, and one that went direct fails to connect.
+cannot have gone anywhere else, and one that went direct fails to connect. The tests run
+with no proxy of the environment's (conftest.py): each sets the ones it means.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -22,14 +22,6 @@ from .raw_server import RawServer, response, run_raw_server
 
 NO_RETRY = Retry(max_retries=0)
 ELSEWHERE = "http://shards.invalid/train/000001.tar"
-
-
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test sets the proxies it means, whatever the environment running the tests has."""
-    for name in list(os.environ):
-        if name.lower().endswith("_proxy") or name == "REQUEST_METHOD":
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture
