@@ -31,11 +31,20 @@ def proxy() -> Iterator[RawServer]:
         yield server
 
 
-@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY", "all_proxy"])
+@pytest.mark.parametrize(
+    ("variable", "scheme"),
+    [
+        ("http_proxy", "http://"),
+        ("HTTP_PROXY", "http://"),
+        ("all_proxy", "http://"),
+        ("http_proxy", ""),
+    ],
+    ids=["http_proxy", "HTTP_PROXY", "all_proxy", "host:port"],
+)
 def test_a_request_goes_through_the_environments_proxy(
-    proxy: RawServer, monkeypatch: pytest.MonkeyPatch, variable: str
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch, variable: str, scheme: str
 ) -> None:
-    monkeypatch.setenv(variable, proxy.url)
+    monkeypatch.setenv(variable, scheme + proxy.url.removeprefix("http://"))
     assert first_item(HttpDataset([ELSEWHERE], retry=NO_RETRY)) == b"via proxy"
     (target, headers), *_ = proxy.requests
     assert target == ELSEWHERE  # the absolute form a proxy is asked with
