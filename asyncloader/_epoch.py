@@ -20,7 +20,8 @@ from typing import Any
 from ._augment import epoch_key
 from ._batch_work import Batch, fetch_or_skip, transform_and_collate, transform_items
 from ._pool import ThreadPool
-from ._processes import ProcessPool
+from ._processes import ProcessPool, check_sendable
+from ._shared import check_packable
 from ._skip import Skipper
 from ._source import Source
 from ._stats import Recorder, current
@@ -100,6 +101,7 @@ class EpochContext:
                 # Started with the first batch: what they take of the CPU to start is less
                 # than what every batch made before they are ready would lose.
                 self.procs.start()
+                sent = items is not None
                 if items is None:
                     started = self.recorder.fetch_started(len(indices))
                     fetched: list[Any] | None = None
@@ -110,11 +112,21 @@ class EpochContext:
                     finally:
                         self.recorder.fetch_done(started, fetched, len(indices))
                     items = fetched
-                kept, batch = await self.on_cpu(self.finish, indices, items)
+                kept, batch = await self.on_cpu(self._finish_as_if_sent, indices, items, sent)
                 return kept, batch if self.after is None else self.after(batch)
         # The workers started while this batch waited: it goes to them, and the batches
         # behind it need not wait for it.
         return await self.in_process(indices, items)
+
+    def _finish_as_if_sent(self, indices: list[int], items: list[Any], sent: bool) -> Batch:
+        """:meth:`finish`, failing where the batch could not come back from a worker, or its
+        items (``sent``: fetched here) could not go to one: a batch made while the workers
+        start fails as it would in a worker, not as timing decides."""
+        if sent:
+            check_sendable(items)
+        batch = self.finish(indices, items)
+        check_packable(batch)
+        return batch
 
     @property
     def transforms_items(self) -> bool:

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from ._pool import priority
-from ._shared import Mapped
+from ._shared import Discard, Mapped
 from ._stats import Tally
 from ._work import PickledWork
 from ._worker import ErrorPayload, Job
@@ -67,6 +67,18 @@ def _reason(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _unsendable(error: Exception) -> WorkerError:
+    return WorkerError(f"a batch's items cannot be pickled: {error}")
+
+
+def check_sendable(items: list[Any]) -> None:
+    """Raise the error a job of ``items`` would fail with as it went to a worker."""
+    try:
+        pickle.Pickler(Discard(), protocol=5).dump(items)
+    except Exception as error:
+        raise _unsendable(error) from None
 
 
 def rebuild_error(payload: ErrorPayload, where: str) -> BaseException:
@@ -196,7 +208,7 @@ class _Worker:
                     message = pickle.dumps((task.number, task.job), protocol=5)
                 except Exception as error:  # items that cannot cross
                     pool.done(self, None)
-                    task.resolve(None, WorkerError(f"a batch's items cannot be pickled: {error}"))
+                    task.resolve(None, _unsendable(error))
                     continue
                 self.conn.send_bytes(message)
                 del message, task

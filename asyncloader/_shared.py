@@ -22,9 +22,12 @@ import pickle
 import sys
 import tempfile
 import weakref
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 from ._mapping import KEEPS_DESCRIPTOR, map_fd
 from ._settings import spare_descriptors
@@ -258,8 +261,26 @@ class _Pickler(pickle.Pickler):
     """Protocol 5, with a CPU tensor pickled as the NumPy array it shares memory with, so that
     its data goes out of band too (torch's own pickling copies it in band)."""
 
-    def __init__(self, stream: io.BytesIO, buffer_callback: Any) -> None:
+    def __init__(self, stream: SupportsWrite[bytes], buffer_callback: Any) -> None:
         super().__init__(stream, protocol=5, buffer_callback=buffer_callback)
+
+
+class Discard:
+    """A file that keeps nothing written to it: for a pickle made only to see that it can
+    be."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def check_packable(value: Any) -> None:
+    """Raise what :meth:`Arena.pack` would raise for ``value`` in a worker (its out-of-band
+    buffers passed over, not copied)."""
+    _Pickler(Discard(), _passed_over).dump(value)
+
+
+def _passed_over(buffer: pickle.PickleBuffer) -> bool:
+    return False  # out of band: left out of the pickle, and not copied anywhere
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")

@@ -197,6 +197,21 @@ class Guarded:
         self.lock = threading.Lock()
 
 
+class LockedItems(Images):
+    """Pickles, but each item holds a lock, which cannot cross to or from a worker."""
+
+    def __getitem__(self, index: int) -> Any:
+        return {"index": index, "lock": threading.Lock()}
+
+
+class AsyncLockedItems(LockedItems):
+    """The same items from ``async def __getitem__``: they would go to the workers."""
+
+    async def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().__getitem__(index)
+
+
 class Where:
     """Item ``i`` is ``(i, pid, parent pid)`` of the process that fetched it."""
 

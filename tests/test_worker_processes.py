@@ -653,6 +653,33 @@ def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> 
         DataLoader(proc_data.Unpicklable(4), cpu_processes=1)
 
 
+@pytest.mark.parametrize(
+    ("dataset", "raised", "said"),
+    [
+        (proc_data.LockedItems(6), TypeError, "cannot pickle '_thread.lock' object"),
+        (
+            proc_data.AsyncLockedItems(6),
+            WorkerError,
+            "a batch's items cannot be pickled: cannot pickle '_thread.lock' object",
+        ),
+    ],
+    ids=["batch", "items"],
+)
+def test_what_cannot_cross_fails_every_batch_also_those_made_as_the_workers_start(
+    dataset: Any, raised: type[BaseException], said: str
+) -> None:
+    # The batches made here while the workers start never cross: they were delivered, and
+    # the same items failed once the workers were ready, so a batch's fate hung on timing.
+    with DataLoader(dataset, batch_size=2, cpu_processes=1, collate_fn=list) as loader:
+        starting = run_epoch(loader)  # its first batch is made here
+        ready(loader)
+        outcomes = starting + run_epoch(loader)
+    assert len(outcomes) == 6
+    for outcome in outcomes:
+        assert isinstance(outcome, raised), outcome
+        assert said in str(outcome)
+
+
 def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why() -> None:
     with ready(DataLoader(proc_data.LoadsOnlyHere(8), batch_size=4, cpu_processes=2)) as loader:
         for outcome in run_epoch(loader) + run_epoch(loader):
