@@ -93,6 +93,32 @@ def test_no_proxy_and_loopback_hosts_go_direct(
     assert proxy.requests == []
 
 
+@pytest.mark.parametrize(
+    ("url", "no_proxy"),
+    [
+        ("http://192.0.2.7/x", "example.com, 192.0.2.0/24"),
+        ("http://192.0.2.7:8080/x", "192.0.2.7"),
+        ("http://[2001:db8::7]/x", "2001:db8::/32"),
+        ("http://[2001:db8::7]:8080/x", "[2001:db8::7]"),
+    ],
+    ids=["ipv4-range", "ipv4", "ipv6-range", "ipv6"],
+)
+def test_no_proxy_names_addresses_and_ranges_as_curl_requests_and_obstore_read_it(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch, url: str, no_proxy: str
+) -> None:
+    # The standard library matches no_proxy's entries as names only: a data server inside
+    # no_proxy=10.0.0.0/8 was asked through the proxy, which got its address and path.
+    monkeypatch.setenv("http_proxy", proxy.url)
+    monkeypatch.setenv("no_proxy", no_proxy)
+    # Direct: the documentation's addresses lead nowhere (or the request times out).
+    error = first_item(HttpDataset([url], retry=NO_RETRY, timeout=1))
+    assert isinstance(error, ConnectionError | TimeoutError), error
+    assert proxy.requests == []
+    monkeypatch.setenv("no_proxy", "192.0.3.0/24,2001:db9::/32,192.0.2.8")  # none of them
+    assert first_item(HttpDataset([url], retry=NO_RETRY)) == b"via proxy"
+    assert [target for target, _ in proxy.requests] == [url]
+
+
 def test_https_goes_through_a_tunnel_whose_refusal_fails_the_item_saying_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

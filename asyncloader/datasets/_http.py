@@ -191,7 +191,8 @@ class HttpDataset:
 
     Proxies are the environment's, as curl, requests and obstore take them, read when the
     dataset is built: ``http_proxy``, ``https_proxy`` (a tunnel), ``all_proxy`` and
-    ``no_proxy``; never for a loopback host (see :mod:`._proxies`).
+    ``no_proxy`` (names, addresses and ranges such as ``10.0.0.0/8``); never for a loopback
+    host (see :mod:`._proxies`).
 
     Args:
         locations: A list of URLs, a function of the index, or a

@@ -3,13 +3,15 @@ requests and obstore (so :class:`ObjectStoreDataset` too) take it.
 
 ``http_proxy`` for ``http`` locations, ``https_proxy`` for ``https`` ones (a tunnel: the proxy
 sees the host, never the request), ``all_proxy`` for either when its own is unset, and no
-proxy for a host that ``no_proxy`` names (a name, a domain suffix, ``host:port``, or ``*``).
-The standard library reads them (:func:`urllib.request.getproxies_environment`: lower case
-first, and ``HTTP_PROXY`` not at all in a CGI script, where a request's ``Proxy`` header
-would have set it). They are read once, when the dataset is built. Loopback hosts
-(``localhost``, ``127.0.0.0/8``, ``::1``) are never proxied: a proxy elsewhere cannot reach
-them. aiohttp connects to ``http`` and ``https`` proxies only; another (``socks5://``), or a
-value that is not a URL, is passed over with a warning, and those requests go direct.
+proxy for a host that ``no_proxy`` names (a name, a domain suffix, ``host:port``, ``*``, an
+address, or a range of them: ``10.0.0.0/8``, ``fd00::/8``). The standard library reads them
+(:func:`urllib.request.getproxies_environment`: lower case first, and ``HTTP_PROXY`` not at
+all in a CGI script, where a request's ``Proxy`` header would have set it) and matches the
+names; the addresses and ranges, which it does not match (curl, requests and obstore do), are
+matched here. They are read once, when the dataset is built. Loopback hosts (``localhost``,
+``127.0.0.0/8``, ``::1``) are never proxied: a proxy elsewhere cannot reach them. aiohttp
+connects to ``http`` and ``https`` proxies only; another (``socks5://``), or a value that is
+not a URL, is passed over with a warning, and those requests go direct.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _networks(no_proxy: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The addresses and ranges in ``no_proxy`` (an IPv6 one with or without brackets)."""
+    found = []
+    for entry in no_proxy.split(","):
+        try:
+            found.append(ipaddress.ip_network(entry.strip().strip("[]"), strict=False))
+        except ValueError:  # a name: the standard library's to match
+            continue
+    return found
+
+
 class Proxies:
     """The environment's proxies, as they were when this was made."""
 
@@ -54,6 +67,7 @@ class Proxies:
         self._url = yarl.URL
         found = urllib.request.getproxies_environment()
         self._no = found.get("no", "")
+        self._networks = _networks(self._no)
         self._by_scheme: dict[str, yarl.URL] = {}
         for scheme in ("http", "https"):
             given = found.get(scheme) or found.get("all")
@@ -90,16 +104,27 @@ class Proxies:
             pass
         scheme, host, port = key
         proxy = self._by_scheme.get(scheme)
-        if proxy is not None and (
-            _loopback(host)
-            # no_proxy matched as urllib (and so requests) matches it; the function is in
-            # the standard library on every platform, but not in typeshed.
-            or urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
-                host if port is None else f"{host}:{port}", {"no": self._no}
-            )
-        ):
+        if proxy is not None and self._bypassed(host, port):
             proxy = None
         if len(self._hosts) >= _KEPT:
             self._hosts.clear()
         self._hosts[key] = proxy
         return proxy
+
+    def _bypassed(self, host: str, port: int | None) -> bool:
+        if _loopback(host):
+            return True
+        if self._networks:
+            try:
+                address = ipaddress.ip_address(host)
+            except ValueError:
+                pass
+            else:
+                if any(address in network for network in self._networks):
+                    return True
+        # Names as urllib (and so requests) matches them; the function is in the standard
+        # library on every platform, but not in typeshed.
+        bypassed: bool = urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
+            host if port is None else f"{host}:{port}", {"no": self._no}
+        )
+        return bypassed
