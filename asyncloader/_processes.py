@@ -151,6 +151,9 @@ class _Worker:
         self.dead = False
         self.failure: str | None = None
         """What the worker did wrong, where it did not die: it is killed and replaced."""
+        self.retired = False
+        """The loader killed it, its epoch abandoned amid a job (Ctrl-C, a call that never
+        returns): it did not die, and its end is no warning's."""
         self.threads: list[threading.Thread] = []
         self._sockets = threading.Lock()
         self._serving = 0
@@ -284,7 +287,10 @@ class _Worker:
                 task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
             return
         reason = self.failure or _reason(self.process.exitcode)
-        if held or not self.ready:
+        if self.retired:
+            reason = "was stopped, its epoch abandoned while it held a job"
+            logger.debug("asyncloader worker process %d %s", self.number, reason)
+        elif held or not self.ready:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:  # it could not even start: a new one would fare no better
             zygote = pool.zygote
@@ -541,6 +547,7 @@ class ProcessPool:
         with self._changed:
             stuck = [worker for worker in self.workers if worker.held]
         for worker in stuck:
+            worker.retired = True
             with contextlib.suppress(OSError):
                 worker.process.kill()
 

@@ -814,7 +814,7 @@ def test_a_break_cancels_and_the_next_epoch_is_whole(no_leaked_threads: None) ->
 
 
 def test_a_worker_stuck_in_a_call_is_replaced_once_its_epoch_is_abandoned(
-    tmp_path: Any,
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = proc_data.HangsOnce(12, hang_at=5, marker=str(tmp_path / "hung"))
     with ready(DataLoader(data, batch_size=2, cpu_processes=1, timeout=0.5)) as loader:
@@ -822,8 +822,12 @@ def test_a_worker_stuck_in_a_call_is_replaced_once_its_epoch_is_abandoned(
         assert [len(next(iterator)) for _ in range(2)] == [2, 2]
         with pytest.raises(TimeoutError):
             next(iterator)
-        iterator.close()  # type: ignore[attr-defined]  # the stuck worker is replaced
-        assert [len(batch) for batch in loader] == [2] * 6
+        with caplog.at_level("WARNING", logger="asyncloader"):
+            iterator.close()  # type: ignore[attr-defined]  # the stuck worker is replaced
+            assert [len(batch) for batch in loader] == [2] * 6
+    # The loader's own kill is no worker's death: it was said as one ("was killed by signal
+    # SIGKILL"), which reads as the OOM killer's work.
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_resume_with_processes_is_exact() -> None:
@@ -982,6 +986,34 @@ def test_ctrl_c_raises_keyboard_interrupt_and_the_workers_go() -> None:
     assert result.returncode == 0, result.stderr
     assert lines[1] == "interrupted"
     assert _gone([int(pid) for pid in lines[0].split()])
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_amid_a_job_says_nothing_of_the_worker_it_stops(tmp_path: Any) -> None:
+    # Ctrl-C while a worker holds a job: the loader kills that worker and starts another, and
+    # said "asyncloader worker process 0 was killed by signal SIGKILL" as if it had died.
+    result = _child(
+        INTERRUPTIBLE
+        + "import threading\n"
+        + textwrap.dedent(
+            f"""
+        data = proc_data.HangsOnce(12, hang_at=5, marker={str(tmp_path / "hung")!r})
+        with DataLoader(data, batch_size=2, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0)
+            it = iter(loader)
+            print([len(next(it)) for _ in range(2)], flush=True)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                next(it)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            print([len(batch) for batch in loader], flush=True)
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["[2, 2]", "interrupted", "[2, 2, 2, 2, 2, 2]"]
+    assert result.stderr == ""
 
 
 @pytest.mark.timeout(120)
