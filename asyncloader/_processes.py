@@ -288,7 +288,7 @@ class _Worker:
             return
         reason = self.failure or _reason(self.process.exitcode)
         if self.retired:
-            reason = "was stopped, its epoch abandoned while it held a job"
+            reason = "was stopped by the loader, its epoch abandoned"
             logger.debug("asyncloader worker process %d %s", self.number, reason)
         elif held or not self.ready:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
@@ -429,7 +429,7 @@ class ProcessPool:
         """The next job for ``worker`` once it has room (its sending thread); ``None``: stop."""
         with self._changed:
             while True:
-                if self.closing or worker.dead:
+                if self.closing or worker.dead or worker.retired:
                     return None
                 while self._queue and len(worker.held) < DEPTH:
                     task = heapq.heappop(self._queue)[2]
@@ -546,8 +546,10 @@ class ProcessPool:
         returns); each is replaced."""
         with self._changed:
             stuck = [worker for worker in self.workers if worker.held]
+            for worker in stuck:  # it takes no job more: one of the next epoch's would fail
+                worker.retired = True
+            self._changed.notify_all()
         for worker in stuck:
-            worker.retired = True
             with contextlib.suppress(OSError):
                 worker.process.kill()
 

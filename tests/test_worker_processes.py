@@ -830,6 +830,28 @@ def test_a_worker_stuck_in_a_call_is_replaced_once_its_epoch_is_abandoned(
     assert [r.getMessage() for r in caplog.records] == []
 
 
+def test_the_next_epoch_never_goes_to_a_worker_stopped_for_the_last(tmp_path: Any) -> None:
+    # Ctrl-C amid a job kills the worker that holds it; until its death was seen, that worker
+    # took the next epoch's jobs while it had room, and they failed as held by it.
+    data = proc_data.Gated(2, str(tmp_path), gated=(1,))
+    with ready(DataLoader(data, batch_size=1, cpu_processes=1)) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        worker = procs.workers[0]
+        for _ in range(3000):  # until batch 1 is in the worker, or 30 s
+            if worker.held:
+                break
+            threading.Event().wait(0.01)
+        assert len(worker.held) == 1  # its other place is free
+        iterator._cancel(wait=False)  # type: ignore[attr-defined]  # as Ctrl-C in next() does
+        (tmp_path / "1").touch()
+        outcomes = run_epoch(loader)
+    assert [type(outcome) for outcome in outcomes] == [np.ndarray] * 2, outcomes
+    assert [int(o[0, 0, 0, 0]) for o in outcomes] == [int(data[i][0, 0, 0]) for i in range(2)]
+
+
 def test_resume_with_processes_is_exact() -> None:
     assert_equal_output_after_checkpoint(
         lambda: DataLoader(
