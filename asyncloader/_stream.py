@@ -394,7 +394,15 @@ class StreamReader:
                     logger.exception("closing the stream's iterator failed")
         elif callable(getattr(iterator, "close", None)):
             # After any next() still running on a thread (nobody waits for it).
-            self._io.submit(self._close_sync, iterator)
+            try:
+                self._io.submit(self._close_sync, iterator)
+            except RuntimeError:  # the pool was replaced, busy (Ctrl-C): a thread of its own
+                threading.Thread(
+                    target=self._close_sync,
+                    args=(iterator,),
+                    name="asyncloader-stream-close",
+                    daemon=True,
+                ).start()
 
     def _close_sync(self, iterator: Any) -> None:
         with self._thread_lock:

@@ -118,6 +118,63 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
     assert latency < 2.0, latency
 
 
+def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
+    # Ctrl-C replaced the busy I/O threads at once, and the stream's close, meant for them,
+    # was refused: "RuntimeError: asyncloader-io pool is shut down" on stderr, and the
+    # generator's finally never ran.
+    result = _run(
+        INTERRUPTIBLE
+        + textwrap.dedent(
+            """
+        import signal, traceback
+        gate, closes = threading.Event(), []
+
+        class Stream:
+            def __iter__(self):
+                try:
+                    for i in range(8):
+                        if i == 5:
+                            gate.wait()
+                        yield i
+                finally:
+                    closes.append(threading.current_thread().name)
+
+        def interrupt_when_blocked():
+            while not any(f.name == "get" and "_handoff" in f.filename
+                          for f in traceback.extract_stack(
+                              sys._current_frames()[threading.main_thread().ident]
+                          )):
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        loader = DataLoader(Stream(), batch_size=4)
+        it = iter(loader)
+        next(it)
+        threading.Thread(target=interrupt_when_blocked, daemon=True).start()
+        try:
+            next(it)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        gate.set()
+        print("next epoch", [b.tolist() for b in loader], flush=True)
+        for _ in range(1000):  # until the first epoch's stream is closed too, or 10 s
+            if len(closes) == 2:
+                break
+            time.sleep(0.01)
+        print("closed", len(closes), flush=True)
+        loader.close()
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "interrupted",
+        "next epoch [[0, 1, 2, 3], [4, 5, 6, 7]]",
+        "closed 2",
+    ]
+    assert result.stderr == ""
+
+
 @pytest.mark.parametrize(
     "setup",
     [
