@@ -36,6 +36,26 @@ class Forever(Data):
 """
 
 
+WHEN_BLOCKED = """
+import signal, traceback
+
+def blocked_in_wait():
+    frame = sys._current_frames()[threading.main_thread().ident]
+    return any(f.name == "get" and "_handoff" in f.filename
+               for f in traceback.extract_stack(frame))
+
+def interrupt_when_blocked():
+    while not blocked_in_wait():
+        time.sleep(0.001)
+    global sent
+    sent = time.monotonic()
+    os.kill(os.getpid(), signal.SIGINT)
+"""
+"""A child's ``interrupt_when_blocked``: run on a thread of its own, it sends SIGINT to its
+process once the main thread is blocked inside the loader's wait (seen in its stack), so the
+signal always lands there."""
+
+
 def _run(script: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-X", "dev", "-c", PRELUDE + textwrap.dedent(script)],
@@ -75,26 +95,11 @@ def test_a_forked_child_runs_a_whole_epoch_while_the_parent_goes_on(kind: str) -
 
 
 def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> None:
-    # A watcher thread in the child sends SIGINT to its own process once the main thread is
-    # blocked inside the loader's wait (seen in its stack), so the signal always lands there.
     result = _run(
         INTERRUPTIBLE
+        + WHEN_BLOCKED
         + textwrap.dedent(
             """
-        import signal, traceback
-
-        def blocked_in_wait():
-            frame = sys._current_frames()[threading.main_thread().ident]
-            return any(f.name == "get" and "_handoff" in f.filename
-                       for f in traceback.extract_stack(frame))
-
-        def interrupt_when_blocked():
-            while not blocked_in_wait():
-                time.sleep(0.001)
-            global sent
-            sent = time.monotonic()
-            os.kill(os.getpid(), signal.SIGINT)
-
         loader = DataLoader(Forever(8), batch_size=4, num_workers=1)
         it = iter(loader)
         next(it)
@@ -124,9 +129,9 @@ def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
     # generator's finally never ran.
     result = _run(
         INTERRUPTIBLE
+        + WHEN_BLOCKED
         + textwrap.dedent(
             """
-        import signal, traceback
         gate, closes = threading.Event(), []
 
         class Stream:
@@ -138,14 +143,6 @@ def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
                         yield i
                 finally:
                     closes.append(threading.current_thread().name)
-
-        def interrupt_when_blocked():
-            while not any(f.name == "get" and "_handoff" in f.filename
-                          for f in traceback.extract_stack(
-                              sys._current_frames()[threading.main_thread().ident]
-                          )):
-                time.sleep(0.001)
-            os.kill(os.getpid(), signal.SIGINT)
 
         loader = DataLoader(Stream(), batch_size=4)
         it = iter(loader)
