@@ -8,6 +8,7 @@ epoch; stopping it cancels what still runs there and waits for that, within a bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -45,10 +46,22 @@ class LoopThread:
         self.thread = threading.Thread(target=self._run, name="asyncloader-loop", daemon=True)
         try:
             self.thread.start()
-        except BaseException:  # no thread for it (the system gives no more): nor its loop
+        except RuntimeError:  # no thread for it (the system gives no more): nor its loop
             self.loop.close()
             raise
-        self._started.wait()
+        except BaseException:  # Ctrl-C as it started: it runs the loop, or will
+            self._stop_soon()
+            raise
+        try:
+            self._started.wait()
+        except BaseException:  # the same, a moment later
+            self._stop_soon()
+            raise
+
+    def _stop_soon(self) -> None:
+        """Have the loop stop; its thread then closes it."""
+        with contextlib.suppress(RuntimeError):  # closed already
+            self.loop.call_soon_threadsafe(self.loop.stop)
 
     def _run(self) -> None:
         loop = self.loop
@@ -73,9 +86,6 @@ class LoopThread:
         """Stop the loop and join the thread (bounded; not while the interpreter finalizes)."""
         if self.loop.is_closed():
             return
-        try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        except RuntimeError:  # closed in between
-            return
+        self._stop_soon()
         if not sys.is_finalizing() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=_STOP_GRACE_S + 1.0)

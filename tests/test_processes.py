@@ -172,6 +172,48 @@ def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
     assert result.stderr == ""
 
 
+def test_ctrl_c_as_the_loaders_thread_starts_is_a_keyboard_interrupt() -> None:
+    # SIGINT raised just as the event loop's thread has started (the user's Ctrl-C at the
+    # first batch): its loop was closed while it ran, and "RuntimeError: Cannot close a running
+    # event loop" took the KeyboardInterrupt's place.
+    result = _run(
+        INTERRUPTIBLE
+        + textwrap.dedent(
+            """
+        start = threading.Thread.start
+
+        def start_then_interrupt(thread):
+            start(thread)
+            if thread.name == "asyncloader-loop" and not interrupted:
+                signal.raise_signal(signal.SIGINT)
+
+        interrupted = False
+        threading.Thread.start = start_then_interrupt
+        loader = DataLoader(Data(8), batch_size=4, num_workers=1)
+        try:
+            next(iter(loader))
+        except KeyboardInterrupt:
+            interrupted = True
+            print("interrupted", flush=True)
+        print("next epoch", [b.tolist() for b in loader], flush=True)
+        loader.close()
+        for _ in range(300):  # until the first loop's thread has ended, or 3 s
+            if not [t for t in threading.enumerate() if t.name == "asyncloader-loop"]:
+                break
+            time.sleep(0.01)
+        print("loop threads", [t.name for t in threading.enumerate() if "loop" in t.name])
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "interrupted",
+        "next epoch [[0, 1, 2, 3], [4, 5, 6, 7]]",
+        "loop threads []",
+    ]
+    assert result.stderr == ""
+
+
 @pytest.mark.parametrize(
     "setup",
     [
