@@ -123,6 +123,51 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
     assert latency < 2.0, latency
 
 
+def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
+    # Saving a checkpoint in `except KeyboardInterrupt` is common: the state is that of the
+    # batches received, whatever the interrupted epoch had in work.
+    result = _run(
+        INTERRUPTIBLE
+        + WHEN_BLOCKED
+        + textwrap.dedent(
+            """
+        gate = threading.Event()
+
+        class Gated(Data):
+            blocked = -1
+            def __getitem__(self, i):
+                if i == self.blocked:
+                    gate.wait()
+                return i
+
+        def make():
+            return DataLoader(Gated(24), batch_size=4, shuffle=True, num_workers=2, seed=3)
+
+        full = [b.tolist() for b in make()]
+        loader = make()
+        loader.dataset.blocked = full[2][1]  # batch 2 waits on it
+        it = iter(loader)
+        got = [next(it).tolist(), next(it).tolist()]
+        threading.Thread(target=interrupt_when_blocked, daemon=True).start()
+        try:
+            for batch in it:
+                got.append(batch.tolist())
+        except KeyboardInterrupt:
+            print("interrupted after", len(got), flush=True)
+        state = loader.state_dict()
+        gate.set()
+        loader.close()
+        again = make()
+        again.load_state_dict(state)
+        rest = [b.tolist() for b in again]
+        print("exact", got + rest == full, len(rest), flush=True)
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["interrupted after 2", "exact True 4"]
+
+
 def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
     # Ctrl-C replaced the busy I/O threads at once, and the stream's close, meant for them,
     # was refused: "RuntimeError: asyncloader-io pool is shut down" on stderr, and the
