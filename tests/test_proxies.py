@@ -93,6 +93,20 @@ def test_no_proxy_and_loopback_hosts_go_direct(
     assert proxy.requests == []
 
 
+@pytest.mark.parametrize("host", ["[::ffff:127.0.0.1]", "0x7f000001", "LOCALHOST"])
+def test_every_spelling_of_a_loopback_host_goes_direct(
+    proxy: RawServer, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    # A mapped address and a hexadecimal one reach this machine as 127.0.0.1 does; asked of
+    # the proxy, they named the proxy's own machine.
+    monkeypatch.setenv("http_proxy", proxy.url)
+    with run_raw_server(lambda path, headers: response(body=b"direct")) as server:
+        port = server.url.rsplit(":", 1)[1]
+        url = f"http://{host}:{port}/x"
+        assert first_item(HttpDataset([url], retry=NO_RETRY, timeout=5)) == b"direct"
+    assert proxy.requests == []
+
+
 @pytest.mark.parametrize(
     ("url", "no_proxy"),
     [

@@ -9,7 +9,8 @@ address, or a range of them: ``10.0.0.0/8``, ``fd00::/8``). The standard library
 all in a CGI script, where a request's ``Proxy`` header would have set it) and matches the
 names; the addresses and ranges, which it does not match (curl, requests and obstore do), are
 matched here. They are read once, when the dataset is built. Loopback hosts (``localhost``,
-``127.0.0.0/8``, ``::1``) are never proxied: a proxy elsewhere cannot reach them. aiohttp
+``127.0.0.0/8``, ``::1``, in any spelling the resolver reads: ``::ffff:127.0.0.1``,
+``0x7f000001``) are never proxied: a proxy elsewhere cannot reach them. aiohttp
 connects to ``http`` and ``https`` proxies only; another (``socks5://``), or a value that is
 not a URL, is passed over with a warning, and those requests go direct.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import urllib.request
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,14 +39,27 @@ _SAID: set[str] = set()
 """The proxies passed over that a warning named: once each, however many datasets."""
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` names as the resolver reads it (an IPv4 address mapped into IPv6,
+    or written as one hexadecimal number, is the IPv4 one), or ``None`` for a name."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def _loopback(host: str) -> bool:
     host = host.lower().rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    address = _address(host)
+    return address is not None and address.is_loopback
 
 
 def _networks(no_proxy: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -115,13 +130,9 @@ class Proxies:
         if _loopback(host):
             return True
         if self._networks:
-            try:
-                address = ipaddress.ip_address(host)
-            except ValueError:
-                pass
-            else:
-                if any(address in network for network in self._networks):
-                    return True
+            address = _address(host)
+            if address is not None and any(address in network for network in self._networks):
+                return True
         # Names as urllib (and so requests) matches them; the function is in the standard
         # library on every platform, but not in typeshed.
         bypassed: bool = urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
