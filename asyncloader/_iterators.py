@@ -25,6 +25,7 @@ from ._batch_work import Batch, fetch_or_skip, transform_items
 from ._driver import EpochBatches, drive
 from ._epoch import EpochContext
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
+from ._interrupt import interrupt_after
 from ._runtime import Runtime
 from ._state import Progress
 from ._stopped import escaped
@@ -222,15 +223,20 @@ class ThreadedIterator:
         self._handoff.put(END)  # another thread blocked in next() returns too
         if sys.is_finalizing():
             return
-        if wait and not self._runtime.runs_here():  # its own threads cannot wait for it
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            self._finished.wait(CANCEL_WAIT_S)
-            self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
-        self._runtime.retire_busy_pools()
+        try:
+            if wait and not self._runtime.runs_here():  # its own threads cannot wait for it
+                deadline = time.monotonic() + CANCEL_WAIT_S
+                self._finished.wait(CANCEL_WAIT_S)
+                self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
+        finally:  # Ctrl-C during the wait: what it waited for is left at once, as without it
+            self._runtime.retire_busy_pools()
 
     def __del__(self) -> None:
         if getattr(self, "_open", False):
-            self._cancel(wait=True)
+            try:
+                self._cancel(wait=True)
+            except KeyboardInterrupt:  # Ctrl-C during the wait: not to be lost
+                interrupt_after(sys._getframe())
 
 
 class AsyncEpochIterator:

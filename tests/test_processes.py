@@ -123,6 +123,40 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
     assert latency < 2.0, latency
 
 
+def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> None:
+    # Dropping an iterator mid-epoch cancels its epoch and waits (up to 5 s) for calls still
+    # running; that wait runs in __del__, where Python prints and drops any exception:
+    # Ctrl-C there was "Exception ignored in: ... __del__" and the program went on.
+    result = _run(
+        INTERRUPTIBLE
+        + textwrap.dedent(
+            """
+        import signal, traceback
+
+        def interrupt_when_cancelling():
+            while not any(f.name == "_cancel" for f in traceback.extract_stack(
+                sys._current_frames()[threading.main_thread().ident])):
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        loader = DataLoader(Forever(100), batch_size=4, num_workers=2, item_concurrency=2)
+        it = iter(loader)
+        next(it)  # items from 4 on never return
+        threading.Thread(target=interrupt_when_cancelling, daemon=True).start()
+        try:
+            del it
+            time.sleep(20)  # Ctrl-C ends a sleep: the interrupt must come as one does
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        """
+        )
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["interrupted"]
+    assert "Exception ignored" not in result.stderr, result.stderr
+
+
 def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
     # Saving a checkpoint in `except KeyboardInterrupt` is common: the state is that of the
     # batches received, whatever the interrupted epoch had in work.
