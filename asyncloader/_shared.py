@@ -264,6 +264,18 @@ class _Pickler(pickle.Pickler):
     def __init__(self, stream: SupportsWrite[bytes], buffer_callback: Any) -> None:
         super().__init__(stream, protocol=5, buffer_callback=buffer_callback)
 
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if (
+            torch is not None
+            and type(obj) is torch.Tensor
+            and obj.device.type == "cpu"
+            and not obj.requires_grad
+            and str(obj.dtype) in _NUMPY_DTYPES
+        ):
+            return torch.from_numpy, (obj.contiguous().numpy(),)
+        return NotImplemented
+
 
 class Discard:
     """A file that keeps nothing written to it: for a pickle made only to see that it can
@@ -281,18 +293,6 @@ def check_packable(value: Any) -> None:
 
 def _passed_over(buffer: pickle.PickleBuffer) -> bool:
     return False  # out of band: left out of the pickle, and not copied anywhere
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if (
-            torch is not None
-            and type(obj) is torch.Tensor
-            and obj.device.type == "cpu"
-            and not obj.requires_grad
-            and str(obj.dtype) in _NUMPY_DTYPES
-        ):
-            return torch.from_numpy, (obj.contiguous().numpy(),)
-        return NotImplemented
 
 
 _NUMPY_DTYPES: Final = frozenset(
