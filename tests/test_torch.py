@@ -138,8 +138,8 @@ def test_batches_from_worker_processes_are_shared_with_torch_and_kept_while_it_h
 
 def test_a_tensor_from_a_worker_goes_out_of_band_into_shared_memory() -> None:
     # As a worker packs a batch: a CPU tensor's data goes into a segment, not into the
-    # pickle; torch's own pickling copies it in band (twice as a worker's batch, 10 ms for
-    # 19 MB here). A misplaced method lost that for every tensor batch, with no test failing.
+    # pickle. torch's own pickling puts it in band, and a misplaced method once left every
+    # tensor batch to it, with no test failing.
     from asyncloader._shared import Arena, Mapped
 
     arena = Arena()
