@@ -46,15 +46,11 @@ class LoopThread:
         self.thread = threading.Thread(target=self._run, name="asyncloader-loop", daemon=True)
         try:
             self.thread.start()
+            self._started.wait()
         except RuntimeError:  # no thread for it (the system gives no more): nor its loop
             self.loop.close()
             raise
         except BaseException:  # Ctrl-C as it started: it runs the loop, or will
-            self._stop_soon()
-            raise
-        try:
-            self._started.wait()
-        except BaseException:  # the same, a moment later
             self._stop_soon()
             raise
 

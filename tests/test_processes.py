@@ -39,21 +39,24 @@ class Forever(Data):
 WHEN_BLOCKED = """
 import signal, traceback
 
-def blocked_in_wait():
+def main_thread_in(name, filename=""):
     frame = sys._current_frames()[threading.main_thread().ident]
-    return any(f.name == "get" and "_handoff" in f.filename
+    return any(f.name == name and filename in f.filename
                for f in traceback.extract_stack(frame))
 
-def interrupt_when_blocked():
-    while not blocked_in_wait():
+def interrupt_when(name, filename=""):
+    while not main_thread_in(name, filename):
         time.sleep(0.001)
     global sent
     sent = time.monotonic()
     os.kill(os.getpid(), signal.SIGINT)
+
+def interrupt_when_blocked():
+    interrupt_when("get", "_handoff")
 """
-"""A child's ``interrupt_when_blocked``: run on a thread of its own, it sends SIGINT to its
-process once the main thread is blocked inside the loader's wait (seen in its stack), so the
-signal always lands there."""
+"""A child's ``interrupt_when(name, filename)``: run on a thread of its own, it sends SIGINT
+to its process once the main thread is inside that function (seen in its stack), so the
+signal always lands there; ``interrupt_when_blocked``: inside the loader's wait."""
 
 
 def _run(script: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -129,20 +132,13 @@ def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> No
     # Ctrl-C there was "Exception ignored in: ... __del__" and the program went on.
     result = _run(
         INTERRUPTIBLE
+        + WHEN_BLOCKED
         + textwrap.dedent(
             """
-        import signal, traceback
-
-        def interrupt_when_cancelling():
-            while not any(f.name == "_cancel" for f in traceback.extract_stack(
-                sys._current_frames()[threading.main_thread().ident])):
-                time.sleep(0.001)
-            os.kill(os.getpid(), signal.SIGINT)
-
         loader = DataLoader(Forever(100), batch_size=4, num_workers=2, item_concurrency=2)
         it = iter(loader)
         next(it)  # items from 4 on never return
-        threading.Thread(target=interrupt_when_cancelling, daemon=True).start()
+        threading.Thread(target=interrupt_when, args=("_cancel",), daemon=True).start()
         try:
             del it
             time.sleep(20)  # Ctrl-C ends a sleep: the interrupt must come as one does
