@@ -7,8 +7,9 @@ are collated field by field; text and bytes-like items are kept as lists.
 
 from __future__ import annotations
 
+import copy
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,8 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
 
     Returns:
         A stacked array for arrays and numbers, a stacked tensor for tensors, the same
-        container for dicts, tuples, lists and namedtuples (collated per field), other
+        container for dicts (their mapping type kept as torch keeps it, else a dict),
+        tuples, lists and namedtuples (collated per field), other
         sequences collated element-wise (into their type when it can be built from a list,
         else a list), or a list for ``str`` and bytes-like items.
 
@@ -81,7 +83,8 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         return torch.stack(list(items))
     if isinstance(first, Mapping):
         _same_keys(items)
-        return {key: default_collate([_field(item, key) for item in items]) for key in first}
+        collated = {key: default_collate([_field(item, key) for item in items]) for key in first}
+        return collated if type(first) is dict else _same_mapping(first, collated)
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
         return type(first)(*default_collate_fields(items, len(first)))
     if isinstance(first, tuple | list):
@@ -97,6 +100,20 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         f"default_collate cannot collate items of type {type(first).__name__}; "
         "pass collate_fn=list to keep the items as they are"
     )
+
+
+def _same_mapping(first: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
+    """The fields in the first item's mapping type, as torch's collate builds it: a copy of
+    the item updated when the type is mutable (it may hold more than its keys, as a
+    tokenizer's output does), else the type built from a dict; a dict when neither can be."""
+    try:
+        if isinstance(first, MutableMapping):
+            clone = copy.copy(first)
+            clone.update(fields)
+            return clone
+        return type(first)(fields)  # type: ignore[call-arg]
+    except TypeError:
+        return fields
 
 
 def _sequences(items: Sequence[Any]) -> Sequence[Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import types
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +58,62 @@ def test_containers_are_collated_per_field() -> None:
     assert repr(pair).startswith("Pair(")
     assert pair.x.tolist() == [1, 2]
     assert pair.name == ["a", "b"]
+
+
+class Encoding(collections.UserDict[str, Any]):
+    """A tokenizer's output (as transformers' ``BatchEncoding``): a dict with methods and
+    state of its own."""
+
+    def __init__(self, data: dict[str, Any], kind: str = "text") -> None:
+        super().__init__(data)
+        self.kind = kind
+
+    def to(self, device: str) -> str:
+        return f"{self.kind} on {device}"
+
+
+class Fields(Mapping[str, Any]):
+    """A read-only mapping whose type cannot be built from a dict."""
+
+    def __init__(self, x: int, y: int) -> None:
+        self._data = {"x": x, "y": y}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def test_a_batch_of_mappings_keeps_their_type_as_torch_does() -> None:
+    # Each came out a plain dict, though the docstring says "the same container": a
+    # tokenizer's output lost its `.to()`, an OrderedDict its type, a defaultdict its default.
+    encoded: Any = default_collate(
+        [Encoding({"ids": np.arange(3)}, "tokens"), Encoding({"ids": np.arange(3)})]
+    )
+    assert type(encoded) is Encoding
+    assert encoded["ids"].shape == (2, 3)
+    assert encoded.to("cuda") == "tokens on cuda"
+    ordered = default_collate([collections.OrderedDict(b=1, a=2)] * 2)
+    assert type(ordered) is collections.OrderedDict
+    assert list(ordered) == ["b", "a"]
+    assert ordered["a"].tolist() == [2, 2]
+    counts: Any = default_collate([collections.defaultdict(int, n=1)] * 2)
+    assert type(counts) is collections.defaultdict
+    assert counts["n"].tolist() == [1, 1]
+    assert counts["missing"] == 0
+    frozen = default_collate([types.MappingProxyType({"x": 1})] * 2)
+    assert type(frozen) is types.MappingProxyType
+    assert frozen["x"].tolist() == [1, 1]
+    plain = default_collate([Fields(1, 2), Fields(3, 4)])  # its type needs (x, y): a dict
+    assert type(plain) is dict
+    assert plain["y"].tolist() == [2, 4]
+    item = Encoding({"ids": 1})
+    default_collate([item, item])
+    assert item["ids"] == 1  # the first item is not changed in place
 
 
 def test_bad_batches_raise_clearly() -> None:
