@@ -84,7 +84,7 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
     if isinstance(first, Mapping):
         _same_keys(items)
         collated = {key: default_collate([_field(item, key) for item in items]) for key in first}
-        return collated if type(first) is dict else _same_mapping(first, collated)
+        return collated if type(first) is dict else same_mapping(first, collated)
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
         return type(first)(*default_collate_fields(items, len(first)))
     if isinstance(first, tuple | list):
@@ -102,16 +102,16 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
     )
 
 
-def _same_mapping(first: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
-    """The fields in the first item's mapping type, as torch's collate builds it: a copy of
-    the item updated when the type is mutable (it may hold more than its keys, as a
+def same_mapping(model: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
+    """``fields`` in ``model``'s mapping type, as torch's collate and pinning build it: a copy
+    of ``model`` updated when the type is mutable (it may hold more than its keys, as a
     tokenizer's output does), else the type built from a dict; a dict when neither can be."""
     try:
-        if isinstance(first, MutableMapping):
-            clone = copy.copy(first)
+        if isinstance(model, MutableMapping):
+            clone = copy.copy(model)
             clone.update(fields)
             return clone
-        return type(first)(fields)  # type: ignore[call-arg]
+        return type(model)(fields)  # type: ignore[call-arg]
     except TypeError:
         return fields
 

@@ -95,7 +95,8 @@ class DataLoader:
         timeout: Seconds to wait for one batch before ``TimeoutError``; ``None`` (or ``0``, as
             in torch) waits forever. Honoured on every path: with a time-out, an epoch that
             would run inline runs on the loader's loop thread.
-        pin_memory: Pin torch batches (a no-op with a warning when CUDA is absent).
+        pin_memory: Pin torch batches: their tensors, and values with a ``pin_memory()``
+            method, as torch pins them (a no-op with a warning when CUDA is absent).
         rank: This process's rank; by default ``torch.distributed``'s when it is initialised,
             else ``RANK`` from the environment (torchrun sets it), else 0.
         world_size: The number of ranks, found the same way (else 1). With more than one

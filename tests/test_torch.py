@@ -52,6 +52,51 @@ def test_torch_tensor_dataset_with_getitems() -> None:
     assert len(batches[0]) == 5
 
 
+class Pinnable:
+    """A custom batch type that pins itself, as torch's docs have users write."""
+
+    def __init__(self, pinned: bool = False) -> None:
+        self.pinned = pinned
+
+    def pin_memory(self) -> Pinnable:
+        return Pinnable(pinned=True)
+
+
+class Rows(list[Any]):
+    """A list type whose constructor takes no items."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+
+def test_pin_batch_keeps_the_batchs_types_and_pins_a_type_that_pins_itself() -> None:
+    # pin_memory=True runs only where CUDA is, so the function is checked alone (a custom
+    # value stands for a tensor). A batch's own pin_memory() was never called (torch calls
+    # it: its docs' way to pin a custom batch), a mapping became a plain dict, and a list
+    # type whose constructor takes no items raised TypeError.
+    from asyncloader._pin import pin_batch
+
+    from .test_collate import Encoding
+
+    assert pin_batch(Pinnable()).pinned
+    encoded = pin_batch(Encoding({"ids": Pinnable(), "text": "a"}, "tokens"))
+    assert type(encoded) is Encoding
+    assert encoded.to("cuda") == "tokens on cuda"
+    assert encoded["ids"].pinned
+    assert encoded["text"] == "a"
+    rows = Rows("r")
+    rows.extend([Pinnable(), 3])
+    pinned_rows = pin_batch(rows)
+    assert type(pinned_rows) is Rows
+    assert pinned_rows.name == "r"
+    assert pinned_rows[0].pinned
+    assert not rows[0].pinned  # the batch given is not changed in place
+    x, y = pin_batch((Pinnable(), [Pinnable()]))
+    assert x.pinned
+    assert y[0].pinned
+
+
 def test_pin_memory_without_cuda_warns_and_pins_nothing() -> None:
     assert not torch.cuda.is_available()  # this machine: the warning path is the one to test
     with pytest.warns(UserWarning, match="pin_memory"):
