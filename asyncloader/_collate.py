@@ -108,8 +108,14 @@ def same_mapping(model: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
     tokenizer's output does), else the type built from a dict; a dict when neither can be."""
     try:
         if isinstance(model, MutableMapping):
+            kept = dict(model)
             clone = copy.copy(model)
             clone.update(fields)
+            if any(model[key] is not value for key, value in kept.items()):
+                # The copy shares the item's storage: the update wrote into the item (a
+                # dataset's own record, read again next epoch). It is put back as it was.
+                model.update(kept)
+                return fields
             return clone
         return type(model)(fields)  # type: ignore[call-arg]
     except TypeError:

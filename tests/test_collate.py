@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -114,6 +114,44 @@ def test_a_batch_of_mappings_keeps_their_type_as_torch_does() -> None:
     item = Encoding({"ids": 1})
     default_collate([item, item])
     assert item["ids"] == 1  # the first item is not changed in place
+
+
+class View(MutableMapping[str, Any]):
+    """A mutable view of a dict it does not own: a shallow copy writes into the same dict."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def test_a_mapping_whose_copy_writes_through_is_not_changed_by_its_batch() -> None:
+    # Kept mapping types are built as torch builds them: a copy of the first item, updated.
+    # A copy of this type shares the item's dict, so the update wrote the batch into the
+    # dataset's own item: its second epoch read the first epoch's batches (torch does too).
+    records = [View({"x": index}) for index in range(4)]
+
+    class Records(SyncData):
+        def __getitem__(self, index: int) -> Any:
+            return records[index]
+
+    with DataLoader(Records(4), batch_size=2) as loader:
+        epochs = [[batch["x"].tolist() for batch in loader] for _ in range(2)]
+    assert epochs == [[[0, 1], [2, 3]]] * 2
+    assert [record["x"] for record in records] == [0, 1, 2, 3]
 
 
 def test_bad_batches_raise_clearly() -> None:
