@@ -84,7 +84,7 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
     if isinstance(first, Mapping):
         _same_keys(items)
         collated = {key: default_collate([_field(item, key) for item in items]) for key in first}
-        return collated if type(first) is dict else same_mapping(first, collated)
+        return same_mapping(first, collated)
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
         return type(first)(*default_collate_fields(items, len(first)))
     if isinstance(first, tuple | list):
@@ -106,6 +106,8 @@ def same_mapping(model: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
     """``fields`` in ``model``'s mapping type, as torch's collate and pinning build it: a copy
     of ``model`` updated when the type is mutable (it may hold more than its keys, as a
     tokenizer's output does), else the type built from a dict; a dict when neither can be."""
+    if type(model) is dict:
+        return fields
     try:
         if isinstance(model, MutableMapping):
             kept = dict(model)
