@@ -633,8 +633,15 @@ class HttpDataset:
     def _check_encoding(self, response: aiohttp.ClientResponse, url: str | yarl.URL) -> None:
         """Refuse a body that aiohttp would hand over still encoded: a transfer coding but
         chunked, or a content coding it does not decode. Several fields of one name are one
-        list (RFC 9110, 5.3), of which aiohttp decodes only one."""
+        list (RFC 9110, 5.3), of which aiohttp decodes only one. Refuse a body of two
+        lengths too, which aiohttp's Python parser reads at the first."""
         headers = response.headers
+        lengths = headers.getall("Content-Length", ())
+        if len(lengths) > 1 and len(set(lengths)) > 1:
+            raise AttemptFailed(
+                OSError(f"GET {redact_url(url)}: malformed response (Duplicate Content-Length)"),
+                transient=False,
+            )
         if "Transfer-Encoding" not in headers and "Content-Encoding" not in headers:
             return  # most bodies, checked once an item: nothing more to read
         transfer = _field(response, "Transfer-Encoding")
