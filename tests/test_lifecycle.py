@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import re
 import threading
@@ -399,3 +400,70 @@ def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -
     result = run_script(_NO_LOOP_THREAD, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["refused: can't start new thread", "0", "True"]
+
+
+def test_without_uvloop_the_loaders_thread_runs_asyncios_own_loop() -> None:
+    # uvloop is optional (the `fast` extra) and the tests install it, so every other test's
+    # plain `for` ran on uvloop: here the default install's loop carries the same epochs.
+    out = run_script(
+        """
+        import sys
+        sys.modules["uvloop"] = None  # as if not installed: importing it raises ImportError
+        import asyncio, json
+        from asyncloader import DataLoader, HttpDataset
+        from asyncloader.testing import serve_samples
+        from tests.datasets import AsyncData, Boom, SyncData
+
+        loops = set()
+
+        class Seen(AsyncData):
+            async def __getitem__(self, index):
+                loops.add(type(asyncio.get_running_loop()).__module__)
+                return await super().__getitem__(index)
+
+        said = {}
+        sync = SyncData(40, delay=0.002)
+        sync.fail_at = {13}
+        with DataLoader(sync, batch_size=4, num_workers=2) as loader:
+            it = iter(loader)
+            batches = []
+            while True:
+                try:
+                    batches.append(next(it).tolist()[0])
+                except Boom:
+                    batches.append("Boom")
+                except StopIteration:
+                    break
+            said["sync"] = batches
+        data = Seen(400, delay=0.01)
+        with DataLoader(data, batch_size=4, num_workers=8) as loader:
+            for number, batch in enumerate(loader):
+                if number == 3:
+                    state = loader.state_dict()
+                    break
+            said["cancelled"] = data.probe.cancelled > 0
+            loader.load_state_dict(state)
+            said["resumed"] = next(iter(loader)).tolist()
+        said["loops"] = sorted(loops)
+        with serve_samples(0.005, 8) as url:
+            http = HttpDataset([f"{url}/{i}" for i in range(64)], max_bytes=1 << 20)
+            with DataLoader(http, batch_size=8, num_workers=4, collate_fn=list) as loader:
+                said["http"] = sum(len(batch) for batch in loader)
+
+        def stream():
+            yield from range(10)
+
+        with DataLoader(stream(), batch_size=3) as loader:
+            said["stream"] = [b.tolist() for b in loader]
+        print(json.dumps(said))
+        """,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert said["loops"] == ["asyncio.unix_events"]
+    assert said["sync"] == [0, 4, 8, "Boom", 16, 20, 24, 28, 32, 36]
+    assert said["cancelled"]
+    assert said["resumed"] == [16, 17, 18, 19]
+    assert said["http"] == 64
+    assert said["stream"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
