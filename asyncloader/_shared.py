@@ -258,8 +258,8 @@ class Arena:
 
 
 class _Pickler(pickle.Pickler):
-    """Protocol 5, with a CPU tensor pickled as the NumPy array it shares memory with, so that
-    its data goes out of band too (torch's own pickling copies it in band)."""
+    """Protocol 5, with a dense CPU tensor pickled as the NumPy array it shares memory with, so
+    that its data goes out of band too (torch's own pickling copies it in band)."""
 
     def __init__(self, stream: SupportsWrite[bytes], buffer_callback: Any) -> None:
         super().__init__(stream, protocol=5, buffer_callback=buffer_callback)
@@ -270,10 +270,12 @@ class _Pickler(pickle.Pickler):
             torch is not None
             and type(obj) is torch.Tensor
             and obj.device.type == "cpu"
+            and obj.layout == torch.strided  # a sparse one is torch's to pickle (in band)
             and not obj.requires_grad
             and str(obj.dtype) in _NUMPY_DTYPES
         ):
-            return torch.from_numpy, (obj.contiguous().numpy(),)
+            # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
+            return torch.from_numpy, (obj.resolve_conj().resolve_neg().contiguous().numpy(),)
         return NotImplemented
 
 

@@ -200,6 +200,47 @@ def test_a_tensor_from_a_worker_goes_out_of_band_into_shared_memory() -> None:
     assert got["y"].tolist() == [0, 1, 2, 3]
 
 
+class Layouts(torch.utils.data.Dataset[dict[str, torch.Tensor]]):  # type: ignore[misc,unused-ignore]
+    """Tensors of every layout torch's own worker processes send: sparse (COO, CSR) beside
+    strided ones, a strided view, lazily conjugated or negated views, and a tensor that
+    requires grad."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        dense = torch.eye(3) * (index + 1)
+        return {
+            "coo": dense.to_sparse(),
+            "csr": dense.to_sparse_csr(),
+            "strided": dense,
+            "view": torch.arange(12.0).reshape(3, 4).t() + index,
+            "grad": torch.ones(2, requires_grad=True),
+            # lazily conjugated, and a view of one whose sign is lazy: NumPy has neither bit
+            "conj": (dense * (1 + 2j)).conj(),
+            "neg": (dense * (1 + 2j)).conj().imag,
+        }
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_tensors_of_every_layout_cross_from_worker_processes() -> None:
+    # A sparse tensor was sent as if strided: "unsupported memory format option Contiguous"
+    # failed every batch that held one, and a conjugated view "Can't call numpy() on Tensor
+    # that has conjugate bit set" (torch's DataLoader sends both).
+    def run(**mode: Any) -> list[list[dict[str, torch.Tensor]]]:
+        with DataLoader(Layouts(), batch_size=2, collate_fn=list, **mode) as loader:
+            return list(loader)
+
+    ours, threads = run(cpu_processes=1), run(cpu_threads=1)
+    for got_batch, want_batch in zip(ours, threads, strict=True):
+        for got, want in zip(got_batch, want_batch, strict=True):
+            assert isinstance(got, dict), got
+            for key, tensor in want.items():
+                assert got[key].layout == tensor.layout, key
+                assert got[key].requires_grad == tensor.requires_grad, key
+                assert torch.equal(got[key].to_dense(), tensor.to_dense()), key
+
+
 def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
     loader = DataLoader(TorchStyle(), batch_size=4, cpu_processes=1)
     with loader:
