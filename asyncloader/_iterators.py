@@ -134,12 +134,14 @@ class DirectIterator:
             self._recorder.epoch_ended()
 
 
-async def _run_epoch(epoch: Any, finished: threading.Event) -> None:
+async def _run_epoch(
+    context: EpochContext, batches: EpochBatches, handoff: ThreadHandoff, finished: threading.Event
+) -> None:
     task = asyncio.current_task()
     assert task is not None
     _keep(task)
     try:
-        await epoch
+        await drive(context, batches, handoff)
     finally:
         finished.set()
 
@@ -169,7 +171,7 @@ class ThreadedIterator:
         self._pid = os.getpid()
         self._finished = threading.Event()
         self._future = loop_thread.submit(
-            _run_epoch(drive(context, batches, self._handoff), self._finished)
+            _run_epoch, context, batches, self._handoff, self._finished
         )
         self._open = True
         self._recorder.epoch_started()
@@ -232,11 +234,11 @@ class ThreadedIterator:
             self._runtime.retire_busy_pools()
 
     def __del__(self) -> None:
-        if getattr(self, "_open", False):
-            try:
+        try:
+            if getattr(self, "_open", False):
                 self._cancel(wait=True)
-            except KeyboardInterrupt:  # Ctrl-C during the wait: not to be lost
-                interrupt_after(sys._getframe())
+        except KeyboardInterrupt:  # Ctrl-C here (most likely during the wait): not to be lost
+            interrupt_after(sys._getframe())
 
 
 class AsyncEpochIterator:

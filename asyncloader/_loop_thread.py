@@ -74,9 +74,30 @@ class LoopThread:
         finally:
             loop.close()
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Run ``coro`` as a task of this loop; return a future of its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def submit(self, function: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> Future[T]:
+        """Run ``function(*args)`` as a task of this loop; return a future of its result
+        (cancelling it cancels the task).
+
+        The coroutine is made on the loop, not in the caller: a Ctrl-C there between making
+        one and handing it over would leave it never run ("coroutine ... was never awaited").
+        """
+        future: Future[T] = Future()
+        self.loop.call_soon_threadsafe(self._begin, future, function, args)
+        return future
+
+    def _begin(
+        self, future: Future[T], function: Callable[..., Coroutine[Any, Any, T]], args: Any
+    ) -> None:
+        # Begun even if cancelled already: the cancellation then comes after its first step,
+        # as with asyncio.run_coroutine_threadsafe, so that its `finally` blocks run.
+        task = self.loop.create_task(function(*args))
+        task.add_done_callback(lambda done: _settle(future, done))
+        future.add_done_callback(lambda _: self._cancel_soon(future, task))
+
+    def _cancel_soon(self, future: Future[Any], task: asyncio.Task[Any]) -> None:
+        if future.cancelled():  # by the caller (or after the task was)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the task is over
+                self.loop.call_soon_threadsafe(task.cancel)
 
     def stop(self) -> None:
         """Stop the loop and join the thread (bounded; not while the interpreter finalizes)."""
@@ -85,3 +106,15 @@ class LoopThread:
         self._stop_soon()
         if not sys.is_finalizing() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=_STOP_GRACE_S + 1.0)
+
+
+def _settle(future: Future[T], task: asyncio.Task[T]) -> None:
+    """Give ``future`` the outcome of ``task``, unless it was cancelled meanwhile."""
+    if task.cancelled():
+        future.cancel()
+    elif future.set_running_or_notify_cancel():
+        error = task.exception()
+        if error is None:
+            future.set_result(task.result())
+        else:
+            future.set_exception(error)

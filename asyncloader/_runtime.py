@@ -65,7 +65,7 @@ class _Parts:
             # What ran on the loader's loop (an async dataset's sessions) is closed on it; a
             # loader used only with `async for` borrows a loop thread for the call.
             runner = loop if loop is not None else LoopThread()
-            closing = runner.submit(_close_all(closers))
+            closing = runner.submit(_close_all, closers)
             try:
                 closing.result(timeout=CLOSE_TIMEOUT_S + 1.0)
             except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -311,3 +312,70 @@ def test_exit_with_live_loaders_and_iterators_is_prompt_and_clean(setup: str) ->
     assert result.stdout.strip() == "done"
     assert "Traceback" not in result.stderr, result.stderr
     assert "was destroyed but it is pending" not in result.stderr, result.stderr
+
+
+def test_ctrl_c_at_any_line_of_an_epochs_start_leaves_nothing_behind() -> None:
+    # KeyboardInterrupt raised at each line, in turn, that `for batch in loader` runs in the
+    # loader's code to start an epoch (a trace function raises it there, as Python raises a
+    # Ctrl-C at the line it has reached). At 7 of 98 such lines the epoch's coroutines had
+    # been made in the caller's thread and never reached the loop: "coroutine 'drive' was
+    # never awaited" (about 1 run in 50 of a script interrupted 0-4 ms into its first epoch).
+    result = _run(
+        """
+        import gc, json, warnings
+        FILES = tuple(f"asyncloader/{name}.py"
+                      for name in ("_loader", "_runtime", "_loop_thread", "_iterators"))
+
+        def in_finalizer(frame):  # a Ctrl-C there is raised again later, by design
+            while frame is not None:
+                if frame.f_code.co_name == "__del__":
+                    return True
+                frame = frame.f_back
+            return False
+
+        outcomes = []
+        for target in range(1, 1000):
+            loader = DataLoader(Data(8), batch_size=2, num_workers=1)
+            seen, where = 0, None
+
+            def local(frame, event, arg):
+                global seen, where
+                if event == "line" and not in_finalizer(frame):
+                    seen += 1
+                    if seen == target:
+                        where = f"{frame.f_code.co_filename[-20:]}:{frame.f_lineno}"
+                        raise KeyboardInterrupt
+                return local
+
+            def tracer(frame, event, arg):
+                return local if frame.f_code.co_filename.endswith(FILES) else None
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                sys.settrace(tracer)
+                try:
+                    first = [b.tolist() for b in loader]
+                except KeyboardInterrupt:
+                    first = None
+                finally:
+                    sys.settrace(None)
+                second = [b.tolist() for b in loader]
+                loader.close()
+                gc.collect()
+            outcomes.append([where, first is None, second, [str(w.message) for w in caught]])
+            if first is not None:
+                break
+        print(json.dumps(outcomes))
+        """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout.splitlines()[-1])
+    assert len(outcomes) > 50  # the lines tried, the last one not interrupted
+    assert [interrupted for _, interrupted, _, _ in outcomes] == [True] * (len(outcomes) - 1) + [
+        False
+    ]
+    epoch = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [(where, second) for where, _, second, _ in outcomes if second != epoch] == []
+    assert [(where, said) for where, _, _, said in outcomes if said] == []
+    assert result.stderr == ""
