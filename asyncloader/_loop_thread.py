@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
 
@@ -34,24 +35,59 @@ except ImportError:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when it is installed, else asyncio's default."""
+    _check_descriptors()
     return _new_loop()
 
 
+_LOOP_DESCRIPTORS: Final = 6
+"""The descriptors a loop takes as it is built (uvloop's five, asyncio's three), and more."""
+
+
+def _check_descriptors() -> None:
+    """Raise OSError (EMFILE) unless a loop can get its descriptors.
+
+    Short of them, uvloop aborts the process (SIGABRT; libuv's half-built loop fails an
+    assertion as it is freed), or raises after printing "deallocating an open event loop";
+    asyncio's half-built loop prints an AttributeError as it is freed.
+    """
+    taken: list[int] = []
+    try:
+        while len(taken) < _LOOP_DESCRIPTORS:
+            taken.extend(os.pipe())
+    finally:
+        for descriptor in taken:
+            os.close(descriptor)
+
+
 class LoopThread:
-    """An event loop running forever on a daemon thread named ``asyncloader-loop``."""
+    """An event loop running forever on a daemon thread named ``asyncloader-loop``.
+
+    The thread builds its loop itself: a Ctrl-C, raised only in the main thread, can then
+    never leave a loop half built or never closed (uvloop says "deallocating an open event
+    loop" of such a one).
+    """
+
+    loop: asyncio.AbstractEventLoop
+    """The thread's loop, there once the constructor returns."""
 
     def __init__(self) -> None:
-        self.loop = new_event_loop()
         self._started = threading.Event()
+        self._claim = threading.Lock()
+        self._abandoned = False
+        self._failed: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="asyncloader-loop", daemon=True)
         try:
             self.thread.start()
             self._started.wait()
-        except RuntimeError:  # no thread for it (the system gives no more): nor its loop
-            self.loop.close()
-            raise
-        except BaseException:  # Ctrl-C as it started: it runs the loop, or will
-            self._stop_soon()
+            if self._failed is not None:  # no loop for it (no descriptor left, say)
+                failed, self._failed = self._failed, None
+                raise failed
+        except BaseException:  # no thread for it (the system gives no more), or Ctrl-C
+            with self._claim:
+                self._abandoned = True
+                built = hasattr(self, "loop")
+            if built:  # it runs the loop, or will: stopped, its thread closes it
+                self._stop_soon()
             raise
 
     def _stop_soon(self) -> None:
@@ -60,7 +96,17 @@ class LoopThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
     def _run(self) -> None:
-        loop = self.loop
+        try:
+            loop = new_event_loop()
+        except BaseException as error:  # raised in the caller's thread instead
+            self._failed = error
+            self._started.set()
+            return
+        with self._claim:
+            if self._abandoned:  # the constructor gave up before the loop was built
+                loop.close()
+                return
+            self.loop = loop
         asyncio.set_event_loop(loop)
         loop.call_soon(self._started.set)
         try:

@@ -402,6 +402,46 @@ def test_an_epoch_whose_loop_thread_cannot_start_leaves_the_loader_as_it_was() -
     assert result.stdout.splitlines() == ["refused: can't start new thread", "0", "True"]
 
 
+_NO_DESCRIPTOR = """
+import os, resource, sys
+if sys.argv[2] == "asyncio":
+    sys.modules["uvloop"] = None  # as if not installed
+from asyncloader import DataLoader
+from tests.datasets import SyncData
+
+loader = DataLoader(SyncData(8), batch_size=4, num_workers=1)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+free = int(sys.argv[1])
+listing = os.listdir("/proc/self/fd")  # and the descriptor that listing it took
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(listing) - 1 + free, hard))
+try:
+    next(iter(loader))
+except OSError as error:
+    print("refused:", error.strerror)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print([batch.tolist() for batch in loader])
+loader.close()
+"""
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("free", [0, 1, 2])
+def test_an_epoch_started_with_no_descriptor_left_fails_and_the_next_runs(
+    free: int, loop: str
+) -> None:
+    # With none or one left, uvloop aborted the process (SIGABRT) as it built the loader's
+    # loop: libuv's half-built loop fails an assertion as it is freed. With a few more it
+    # raised, after "deallocating an open event loop"; asyncio's half-built loop printed an
+    # AttributeError as it was freed.
+    result = run_script(_NO_DESCRIPTOR, str(free), loop, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "refused: Too many open files",
+        "[[0, 1, 2, 3], [4, 5, 6, 7]]",
+    ]
+    assert result.stderr == ""
+
+
 def test_without_uvloop_the_loaders_thread_runs_asyncios_own_loop() -> None:
     # uvloop is optional (the `fast` extra) and the tests install it, so every other test's
     # plain `for` ran on uvloop: here the default install's loop carries the same epochs.
