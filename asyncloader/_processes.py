@@ -324,7 +324,8 @@ class _Worker:
         try:
             pool.replace(self)
         except Exception as failed:
-            pool.broke(WorkerError(f"a new asyncloader worker process could not start: {failed}"))
+            error = WorkerError(f"a new asyncloader worker process could not start: {failed}")
+            pool.broke(error, True)
 
     @property
     def sending(self) -> bool:
@@ -374,6 +375,7 @@ class ProcessPool:
         self.pid = os.getpid()
         self.closing = False
         self._broken: BaseException | None = None
+        self._start_failed = False
         self._queue: list[tuple[int, int, _Task]] = []
         self._order = itertools.count()
         self._busy = 0
@@ -407,7 +409,7 @@ class ProcessPool:
             for worker in self.workers:
                 worker.serve()
         except Exception as error:
-            self.broke(WorkerError(f"the worker processes could not start: {error}"))
+            self.broke(WorkerError(f"the worker processes could not start: {error}"), True)
 
     async def run(self, job: Job) -> Reply:
         """Run ``job`` in a worker; cancelling the caller drops a job not yet sent."""
@@ -483,12 +485,14 @@ class ProcessPool:
             worker = self.workers[position] = _Worker(self, worker.number)
         worker.serve()
 
-    def broke(self, error: BaseException) -> BaseException:
+    def broke(self, error: BaseException, start_failed: bool = False) -> BaseException:
         """No worker can run the work: fail every job, now and later, with the first such
-        ``error`` (the one that says why); return it."""
+        ``error`` (the one that says why; ``start_failed``: a process could not be started);
+        return it."""
         with self._changed:
             if self._broken is None:
                 self._broken = error
+                self._start_failed = start_failed
             error = self._broken
             self._ready.set()  # nothing to wait for
             queued, self._queue = self._queue, []
@@ -530,6 +534,12 @@ class ProcessPool:
         happened in time."""
         self.start()
         return self._ready.wait(timeout)
+
+    @property
+    def could_not_start(self) -> bool:
+        """Whether it broke because a process could not be started (descriptors or memory
+        short, say): unlike work that cannot be loaded, what broke it may pass."""
+        return self._broken is not None and self._start_failed
 
     @property
     def busy(self) -> bool:

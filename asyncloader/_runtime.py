@@ -131,7 +131,16 @@ class Runtime:
 
     @property
     def procs(self) -> ProcessPool | None:
-        """The worker processes of the CPU stage, started on first use (``None``: none)."""
+        """The worker processes of the CPU stage, started on first use (``None``: none).
+
+        Taken as an epoch starts: a pool whose processes could not be started is replaced,
+        since what broke it may have passed (descriptors or memory short for a while), as
+        torch starts its workers again each epoch. Work that the workers cannot load keeps
+        failing every batch, saying why.
+        """
+        if self._parts.procs is not None and self._parts.procs.could_not_start:
+            self._parts.procs.close()
+            self._parts.procs = None
         if self.processes and self._parts.procs is None:
             assert self.work is not None
             self._parts.procs = ProcessPool(self.processes, self.work)

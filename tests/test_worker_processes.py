@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import mmap
 import os
 import signal
@@ -1147,3 +1148,51 @@ def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[[0, 1, 2], [3, 4, 5]]"
+
+
+def test_workers_that_could_not_start_are_started_again_by_the_next_epoch() -> None:
+    # Descriptors short as the workers started (RLIMIT_NOFILE at the count open, plus a
+    # few): the epoch's later batches fail, "the worker processes could not start". The
+    # pool stayed broken: once descriptors were free again every later epoch failed alike,
+    # for the loader's life (torch starts its workers again each epoch).
+    result = _child(
+        """
+        import json, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        outcomes = {}
+        for free in range(4, 24, 2):
+            loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1,
+                                collate_fn=len)
+            listing = os.listdir("/proc/self/fd")  # and the descriptor listing it took
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(listing) - 1 + free, hard))
+            first = []
+            try:
+                for batch in loader:
+                    first.append(batch)
+            except Exception as error:
+                first.append(str(error)[:80])
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            second = []
+            for _ in range(2):  # the next epoch, and the one after
+                try:
+                    second.append(list(loader))
+                except Exception as error:
+                    second.append(str(error)[:80])
+            loader.close()
+            outcomes[free] = [first, second]
+        print(json.dumps(outcomes))
+        """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcomes = json.loads(result.stdout.splitlines()[-1])
+    broke = [
+        free
+        for free, (first, _) in outcomes.items()
+        if any("worker processes could not start" in str(said) for said in first)
+    ]
+    assert broke, outcomes  # some limit let the epoch start but not its workers
+    assert {free: second for free, (_, second) in outcomes.items()} == {
+        free: [[4, 4], [4, 4]] for free in outcomes
+    }
