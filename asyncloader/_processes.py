@@ -325,7 +325,7 @@ class _Worker:
             pool.replace(self)
         except Exception as failed:
             error = WorkerError(f"a new asyncloader worker process could not start: {failed}")
-            pool.broke(error, True)
+            pool.broke(error, start_failed=True)
 
     @property
     def sending(self) -> bool:
@@ -409,7 +409,9 @@ class ProcessPool:
             for worker in self.workers:
                 worker.serve()
         except Exception as error:
-            self.broke(WorkerError(f"the worker processes could not start: {error}"), True)
+            self.broke(
+                WorkerError(f"the worker processes could not start: {error}"), start_failed=True
+            )
 
     async def run(self, job: Job) -> Reply:
         """Run ``job`` in a worker; cancelling the caller drops a job not yet sent."""
