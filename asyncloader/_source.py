@@ -39,14 +39,25 @@ def is_async_dataset(dataset: object) -> bool:
     return methods["__getitem__"]
 
 
-def _refuse_awaitable(item: object, what: str) -> None:
-    if inspect.isawaitable(item):
+def _refuse_awaitable(items: Sequence[object], what: str, dataset: object) -> None:
+    """Refuse a sync dataset whose first item is an awaitable, closing each coroutine among
+    ``items`` (so that none warns "coroutine ... was never awaited")."""
+    if not items or not inspect.isawaitable(items[0]):
+        return
+    for item in items:
         if inspect.iscoroutine(item):
-            item.close()  # so it never warns "coroutine was never awaited"
+            item.close()
+    kind = type(dataset).__name__
+    if hasattr(dataset, "dataset") or hasattr(dataset, "datasets"):  # torch's Subset, Concat...
         raise TypeError(
-            f"{what} returned an awaitable ({type(item).__name__}); define it with "
-            "'async def' to make an async dataset"
+            f"{kind} wraps an async dataset and returns its items unawaited "
+            f"({type(items[0]).__name__}); give the loader the async dataset itself (for a "
+            "subset, with its indices as sampler=)"
         )
+    raise TypeError(
+        f"{what} returned an awaitable ({type(items[0]).__name__}); define it with "
+        "'async def' to make an async dataset"
+    )
 
 
 def listed(items: object, indices: Sequence[int], dataset: object) -> list[Any]:
@@ -85,17 +96,16 @@ def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is not None:
         returned = getitems(list(indices))
-        _refuse_awaitable(returned, f"{type(dataset).__name__}.__getitems__")
+        _refuse_awaitable([returned], f"{type(dataset).__name__}.__getitems__", dataset)
         items = listed(returned, indices, dataset)
-        if items:
-            _refuse_awaitable(items[0], f"{type(dataset).__name__}.__getitems__ item")
+        _refuse_awaitable(items, f"{type(dataset).__name__}.__getitems__ item", dataset)
         return items
     getitem = dataset.__getitem__
     result: list[Any] = []
     for index in indices:
         item = getitem(index)
         if not result:  # one check per batch, as the reference: the first item tells
-            _refuse_awaitable(item, f"{type(dataset).__name__}.__getitem__")
+            _refuse_awaitable([item], f"{type(dataset).__name__}.__getitem__", dataset)
         result.append(item)
     return result
 
@@ -103,7 +113,7 @@ def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
 def fetch_item(dataset: Any, index: int) -> Any:
     """Fetch one item from a sync dataset on the calling thread."""
     item = dataset.__getitem__(index)
-    _refuse_awaitable(item, f"{type(dataset).__name__}.__getitem__")
+    _refuse_awaitable([item], f"{type(dataset).__name__}.__getitem__", dataset)
     return item
 
 

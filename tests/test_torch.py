@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 
 from asyncloader import DataLoader, DistributedSampler, default_collate
 
-from .datasets import SyncData
+from .datasets import AsyncData, SyncData
 
 
 def test_tensors_are_stacked_with_torch() -> None:
@@ -250,3 +251,26 @@ def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
         assert type(x) is torch.Tensor
         assert torch.equal(x, tx)
         assert y.tolist() == ty.tolist()
+
+
+@pytest.mark.parametrize("wrapper", ["Subset", "ConcatDataset"])
+def test_a_torch_wrapper_of_an_async_dataset_is_refused_saying_what_to_do(wrapper: str) -> None:
+    # torch's Subset and ConcatDataset call an async dataset's __getitem__ and hand back its
+    # coroutines unawaited. The batch was refused with "define it with 'async def'", which
+    # the user cannot do to torch's class, and Subset's __getitems__ left every coroutine but
+    # the first unclosed: "coroutine 'AsyncData.__getitem__' was never awaited".
+    inner: Any = [AsyncData(10), AsyncData(4), AsyncData(4)]  # no torch Dataset, to mypy
+    dataset: Any = (
+        torch.utils.data.Subset(inner[0], [1, 3, 5, 7])
+        if wrapper == "Subset"
+        else torch.utils.data.ConcatDataset(inner[1:])
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with DataLoader(dataset, batch_size=2, num_workers=2) as loader:
+            with pytest.raises(TypeError, match=f"{wrapper} wraps an async dataset") as raised:
+                next(iter(loader))
+            assert "sampler=" in str(raised.value)
+        del raised
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
