@@ -541,7 +541,7 @@ class ProcessPool:
     def could_not_start(self) -> bool:
         """Whether it broke because a process could not be started (descriptors or memory
         short, say): unlike work that cannot be loaded, what broke it may pass."""
-        return self._broken is not None and self._start_failed
+        return self._start_failed  # set only with the pool's first breakage
 
     @property
     def busy(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ._pool import ThreadPool
 
@@ -39,11 +39,9 @@ def is_async_dataset(dataset: object) -> bool:
     return methods["__getitem__"]
 
 
-def _refuse_awaitable(items: Sequence[object], what: str, dataset: object) -> None:
-    """Refuse a sync dataset whose first item is an awaitable, closing each coroutine among
-    ``items`` (so that none warns "coroutine ... was never awaited")."""
-    if not items or not inspect.isawaitable(items[0]):
-        return
+def _refuse_awaitables(items: Sequence[object], method: str, dataset: object) -> NoReturn:
+    """Refuse a sync dataset whose ``method`` returned an awaitable (``items[0]``), closing
+    each coroutine among ``items`` (so that none warns "coroutine ... was never awaited")."""
     for item in items:
         if inspect.iscoroutine(item):
             item.close()
@@ -55,7 +53,7 @@ def _refuse_awaitable(items: Sequence[object], what: str, dataset: object) -> No
             "subset, with its indices as sampler=)"
         )
     raise TypeError(
-        f"{what} returned an awaitable ({type(items[0]).__name__}); define it with "
+        f"{kind}.{method} returned an awaitable ({type(items[0]).__name__}); define it with "
         "'async def' to make an async dataset"
     )
 
@@ -96,16 +94,19 @@ def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
     getitems = getattr(dataset, "__getitems__", None)
     if getitems is not None:
         returned = getitems(list(indices))
-        _refuse_awaitable([returned], f"{type(dataset).__name__}.__getitems__", dataset)
+        if inspect.isawaitable(returned):
+            _refuse_awaitables([returned], "__getitems__", dataset)
         items = listed(returned, indices, dataset)
-        _refuse_awaitable(items, f"{type(dataset).__name__}.__getitems__ item", dataset)
+        if items and inspect.isawaitable(items[0]):
+            _refuse_awaitables(items, "__getitems__ item", dataset)
         return items
     getitem = dataset.__getitem__
     result: list[Any] = []
     for index in indices:
         item = getitem(index)
-        if not result:  # one check per batch, as the reference: the first item tells
-            _refuse_awaitable([item], f"{type(dataset).__name__}.__getitem__", dataset)
+        # One check per batch, as the reference: the first item tells.
+        if not result and inspect.isawaitable(item):
+            _refuse_awaitables([item], "__getitem__", dataset)
         result.append(item)
     return result
 
@@ -113,7 +114,8 @@ def fetch_batch(dataset: Any, indices: Sequence[int]) -> list[Any]:
 def fetch_item(dataset: Any, index: int) -> Any:
     """Fetch one item from a sync dataset on the calling thread."""
     item = dataset.__getitem__(index)
-    _refuse_awaitable([item], f"{type(dataset).__name__}.__getitem__", dataset)
+    if inspect.isawaitable(item):
+        _refuse_awaitables([item], "__getitem__", dataset)
     return item
 
 
