@@ -72,20 +72,26 @@ class Encoding(collections.UserDict[str, Any]):
         return f"{self.kind} on {device}"
 
 
-class Fields(Mapping[str, Any]):
+class _OverDict(Mapping[str, Any]):
+    """A mapping of the dict ``data``."""
+
+    data: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class Fields(_OverDict):
     """A read-only mapping whose type cannot be built from a dict."""
 
     def __init__(self, x: int, y: int) -> None:
-        self._data = {"x": x, "y": y}
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
+        self.data = {"x": x, "y": y}
 
 
 def test_a_batch_of_mappings_keeps_their_type_as_torch_does() -> None:
@@ -116,26 +122,17 @@ def test_a_batch_of_mappings_keeps_their_type_as_torch_does() -> None:
     assert item["ids"] == 1  # the first item is not changed in place
 
 
-class View(MutableMapping[str, Any]):
+class View(_OverDict, MutableMapping[str, Any]):
     """A mutable view of a dict it does not own: a shallow copy writes into the same dict."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.data[key] = value
 
     def __delitem__(self, key: str) -> None:
         del self.data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
 
 
 def test_a_mapping_whose_copy_writes_through_is_not_changed_by_its_batch() -> None:

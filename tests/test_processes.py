@@ -60,6 +60,11 @@ to its process once the main thread is inside that function (seen in its stack),
 signal always lands there; ``interrupt_when_blocked``: inside the loader's wait."""
 
 
+def _interrupted(script: str) -> subprocess.CompletedProcess[str]:
+    """``_run`` of ``script`` in a child that takes SIGINT, with ``WHEN_BLOCKED``'s helpers."""
+    return _run(INTERRUPTIBLE + WHEN_BLOCKED + textwrap.dedent(script))
+
+
 def _run(script: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-X", "dev", "-c", PRELUDE + textwrap.dedent(script)],
@@ -99,11 +104,8 @@ def test_a_forked_child_runs_a_whole_epoch_while_the_parent_goes_on(kind: str) -
 
 
 def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> None:
-    result = _run(
-        INTERRUPTIBLE
-        + WHEN_BLOCKED
-        + textwrap.dedent(
-            """
+    result = _interrupted(
+        """
         loader = DataLoader(Forever(8), batch_size=4, num_workers=1)
         it = iter(loader)
         next(it)
@@ -116,7 +118,6 @@ def test_ctrl_c_in_a_blocked_for_raises_promptly_and_the_loader_goes_on() -> Non
         loader.dataset.n = 4
         print("next epoch", [b.tolist() for b in loader])
         """
-        )
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -131,11 +132,8 @@ def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> No
     # Dropping an iterator mid-epoch cancels its epoch and waits (up to 5 s) for calls still
     # running; that wait runs in __del__, where Python prints and drops any exception:
     # Ctrl-C there was "Exception ignored in: ... __del__" and the program went on.
-    result = _run(
-        INTERRUPTIBLE
-        + WHEN_BLOCKED
-        + textwrap.dedent(
-            """
+    result = _interrupted(
+        """
         loader = DataLoader(Forever(100), batch_size=4, num_workers=2, item_concurrency=2)
         it = iter(loader)
         next(it)  # items from 4 on never return
@@ -147,7 +145,6 @@ def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> No
         except KeyboardInterrupt:
             print("interrupted", flush=True)
         """
-        )
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["interrupted"]
@@ -157,11 +154,8 @@ def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> No
 def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
     # Saving a checkpoint in `except KeyboardInterrupt` is common: the state is that of the
     # batches received, whatever the interrupted epoch had in work.
-    result = _run(
-        INTERRUPTIBLE
-        + WHEN_BLOCKED
-        + textwrap.dedent(
-            """
+    result = _interrupted(
+        """
         gate = threading.Event()
 
         class Gated(Data):
@@ -193,7 +187,6 @@ def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
         rest = [b.tolist() for b in again]
         print("exact", got + rest == full, len(rest), flush=True)
         """
-        )
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["interrupted after 2", "exact True 4"]
@@ -203,11 +196,8 @@ def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
     # Ctrl-C replaced the busy I/O threads at once, and the stream's close, meant for them,
     # was refused: "RuntimeError: asyncloader-io pool is shut down" on stderr, and the
     # generator's finally never ran.
-    result = _run(
-        INTERRUPTIBLE
-        + WHEN_BLOCKED
-        + textwrap.dedent(
-            """
+    result = _interrupted(
+        """
         gate, closes = threading.Event(), []
 
         class Stream:
@@ -237,7 +227,6 @@ def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
         print("closed", len(closes), flush=True)
         loader.close()
         """
-        )
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
