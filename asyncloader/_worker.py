@@ -19,8 +19,10 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import random
 import signal
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -178,9 +180,30 @@ def load_work(fd: int, layout: Layout) -> Work:
         os.close(fd)
 
 
+def reseed() -> None:
+    """Seed the global generators of Python, NumPy and torch (those imported) from the OS.
+
+    As torch seeds each of its workers: a fork of the zygote has its NumPy and torch
+    generators as they were in the zygote, and a fresh interpreter torch's fixed default, so
+    every worker would draw the same ``np.random`` and ``torch.rand`` numbers (the same
+    augmentation in each). Drawn from the OS, not from the loader's seed: which worker makes
+    which batch is a matter of timing, so no seed could make such draws reproducible (the
+    loader's random transforms are, drawn from ``(seed, epoch, index)``).
+    """
+    entropy = int.from_bytes(os.urandom(8), "little") >> 1  # torch takes below 2**63
+    random.seed(entropy)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(numpy.random.SeedSequence(entropy).generate_state(4))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(entropy)
+
+
 def serve(conn: Connection, work: Work) -> None:
     """The worker's life, with the work loaded: run jobs until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reseed()
     arena = Arena(work.held)
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.

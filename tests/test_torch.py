@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import os
+import random
+import threading
 import warnings
 from typing import Any
 
@@ -251,6 +253,56 @@ def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
         assert type(x) is torch.Tensor
         assert torch.equal(x, tx)
         assert y.tolist() == ty.tolist()
+
+
+class FirstDraws(torch.utils.data.Dataset[Any]):  # type: ignore[misc,unused-ignore]
+    """In each worker process, its first item is the first draws of the global generators
+    (NumPy's, Python's, torch's) in that process, made once ``workers`` processes have each
+    begun one (so that every worker has work); every other item is ``None``."""
+
+    def __init__(self, folder: str, workers: int) -> None:
+        self.folder = folder
+        self.workers = workers
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> Any:
+        if os.getpid() == self.parent or _drawn:
+            return None
+        _drawn.append(index)
+        with open(os.path.join(self.folder, str(os.getpid())), "w"):
+            pass
+        for _ in range(3000):
+            if len(os.listdir(self.folder)) >= self.workers:
+                break
+            threading.Event().wait(0.01)
+        else:
+            raise TimeoutError("the other worker processes took no item within 30 s")
+        return os.getpid(), float(np.random.rand()), random.random(), float(torch.rand(()))
+
+
+_drawn: list[int] = []
+"""The item that drew, in this process."""
+
+
+@pytest.mark.timeout(120)
+def test_each_worker_process_draws_its_own_random_numbers(tmp_path: Any) -> None:
+    # torch seeds NumPy, Python and torch afresh in each of its workers. Ours were forked from
+    # one process, or started as fresh ones, each with the same generators: an augmentation
+    # drawn with np.random or torch.rand was the same in every worker (the trap torch fixed).
+    loader = DataLoader(
+        FirstDraws(str(tmp_path), 2), batch_size=1, collate_fn=list, cpu_processes=2
+    )
+    with loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        assert procs.wait_ready(30.0)
+        draws = [item for _ in range(2) for [item] in loader if item is not None]
+    assert len({pid for pid, *_ in draws}) == 2, draws
+    for generator, name in enumerate(["numpy", "random", "torch"], 1):
+        assert draws[0][generator] != draws[1][generator], (name, draws)
 
 
 @pytest.mark.parametrize("wrapper", ["Subset", "ConcatDataset"])
