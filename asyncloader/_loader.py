@@ -37,6 +37,10 @@ from ._worker import Work
 
 logger = logging.getLogger("asyncloader")
 
+_FOLLOW = "_follow_ranks"
+"""What the attributes that depend on the ranks call first: ranks left to the environment
+are read again (a process group may have started since the loader was built)."""
+
 
 class DataLoader:
     """Batches of a dataset, in order, with bounded prefetching; one epoch per iteration.
@@ -102,6 +106,9 @@ class DataLoader:
         world_size: The number of ranks, found the same way (else 1). With more than one
             rank and no ``sampler``, each rank reads its share through a
             :class:`DistributedSampler` (``shuffle``, ``seed`` and ``drop_last`` passed on).
+            Ranks left to be found are found again before each epoch (and for ``len()``
+            and a state), so a loader built before the process group starts (Lightning's
+            ``Trainer`` starts it inside ``fit``) reads its rank's share.
         errors: ``"raise"``: a failing item fails its batch. ``"skip"``: it is dropped from its
             batch (which comes out short), logged once with its index and the reason, and
             counted in :meth:`stats`.
@@ -272,7 +279,7 @@ class DataLoader:
         """The dataset."""
         return self._dataset
 
-    sampler = ReadOnly[object]("_order", "The sampler that orders each epoch.")
+    sampler = ReadOnly[object]("_order", "The sampler that orders each epoch.", _FOLLOW)
     batch_sampler = ReadOnly[object]("_order", "The batch sampler, if one was given.")
     drop_last = ReadOnly[bool]("_settings", "Whether a short last batch is dropped.")
     num_workers = ReadOnly[int]("_settings", "Batches processed at once.")
@@ -291,9 +298,9 @@ class DataLoader:
     multiprocessing_context = ReadOnly[None]("_as_given", "None (see cpu_processes).")
     pin_memory_device = ReadOnly[str]("_as_given", "As given (deprecated in torch).")
     in_order = ReadOnly[bool]("_as_given", "As given (batches always come in order).")
-    seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.")
-    rank = ReadOnly[int]("_order", "This process's rank.")
-    world_size = ReadOnly[int]("_order", "The number of ranks sharing each epoch.")
+    seed = ReadOnly[int]("_order", "The seed of shuffling and of random transforms.", _FOLLOW)
+    rank = ReadOnly[int]("_order", "This process's rank.", _FOLLOW)
+    world_size = ReadOnly[int]("_order", "The number of ranks sharing each epoch.", _FOLLOW)
 
     @property
     def batch_size(self) -> int | None:
@@ -346,6 +353,7 @@ class DataLoader:
         merely prefetched. Between epochs it names the next epoch with 0 batches received;
         after :meth:`load_state_dict` and before the next batch, the position loaded.
         """
+        self._follow_ranks()
         resume = self._resume
         if resume is not None and resume.epoch == self._epoch:
             return {**json.loads(json.dumps(resume.state)), "rank": self.rank}
@@ -366,6 +374,7 @@ class DataLoader:
                 left as it was.
         """
         check_json(state)
+        self._follow_ranks()
         resume = self._epochs.load(state)
         self._epoch, self._progress, self._resume = resume.epoch, None, resume
 
@@ -375,6 +384,7 @@ class DataLoader:
         Raises:
             TypeError: The sampler has no ``__len__``.
         """
+        self._follow_ranks()
         return self._epochs.length()
 
     def _start_epoch(self) -> tuple[EpochBatches, Progress]:
@@ -382,6 +392,7 @@ class DataLoader:
 
         After a loaded state, the batches already received are left out, never fetched.
         """
+        self._order.follow_ranks()
         self._epoch = self.epoch
         resume, self._resume = self._resume, None
         batches, progress, items = self._epochs.start(self._epoch, resume, self._runtime_here().io)
@@ -390,6 +401,13 @@ class DataLoader:
         budget = epoch_budget(self._max_errors, items)
         self._skipper = Skipper(budget, self._recorder) if self._skip else None
         return batches, progress
+
+    def _follow_ranks(self) -> None:
+        """Read again the ranks left to the environment (:meth:`Order.follow_ranks`), unless
+        an epoch is under way: its batches are cut for the ranks it started with."""
+        progress = self._progress
+        if progress is None or progress.done or progress.received == 0:
+            self._order.follow_ranks()
 
     def _runtime_here(self) -> Runtime:
         # After fork() the inherited threads do not exist: build new ones, leave the old alone.

@@ -92,6 +92,7 @@ class Order:
                 raise ValueError("seed and generator are exclusive; pass one of them")
             seed = _seed_from(generator)
         self.seed_given = seed is not None
+        self._asked = rank, world_size
         self.rank, self.world_size = resolve_ranks(rank, world_size)
         if seed is not None:
             self.seed: int = check_int("seed", seed, 0)
@@ -101,6 +102,7 @@ class Order:
             self.seed = 0
         else:
             self.seed = secrets.randbits(63)
+        self._seed_drawn = not self.seed_given and self.world_size == 1
         self.owns_sampler = sampler is None and batch_sampler is None
         if sampler is not None:
             if self.shuffle:
@@ -111,6 +113,28 @@ class Order:
         else:
             self.sampler = self.default_sampler(self.seed)
         self._follower = EpochFollower(self.source)
+
+    def follow_ranks(self) -> None:
+        """Read again the ranks left to ``torch.distributed`` or the environment.
+
+        A loader may be built before its process group starts: Lightning's ``Trainer``
+        starts it inside ``fit``, and the processes it starts have no ``RANK``. What changed
+        orders the epochs from the next one: a seed drawn from the OS becomes 0 with more
+        than one rank (every rank must draw the same order), and the loader's own sampler
+        becomes this rank's share.
+        """
+        rank, world_size = self._asked
+        if rank is not None and world_size is not None:
+            return
+        ranks = resolve_ranks(rank, world_size)
+        if ranks == (self.rank, self.world_size):
+            return
+        self.rank, self.world_size = ranks
+        if self.world_size > 1 and self._seed_drawn:
+            self.seed, self._seed_drawn = 0, False
+        if self.owns_sampler:
+            self.sampler = self.default_sampler(self.seed)
+            self._follower = EpochFollower(self.source)
 
     def default_sampler(self, seed: int) -> Sampler:
         """The loader's own sampler for ``seed``: its rank's share, or the whole epoch."""
@@ -127,7 +151,7 @@ class Order:
 
     def adopt_seed(self, seed: int) -> None:
         """Take a loaded state's seed in place of one drawn from the OS."""
-        self.seed = seed
+        self.seed, self._seed_drawn = seed, False
         if self.owns_sampler:
             self.sampler = self.default_sampler(seed)
 

@@ -198,10 +198,11 @@ class ReadOnly(Generic[T]):
         part: The attribute of the owner that holds the value (``"_settings"``), under the
             same name as this attribute.
         doc: The attribute's docstring.
+        refresh: A method of the owner to call before the value is read, if any.
     """
 
-    def __init__(self, part: str, doc: str) -> None:
-        self._part, self._name = part, ""
+    def __init__(self, part: str, doc: str, refresh: str | None = None) -> None:
+        self._part, self._name, self._refresh = part, "", refresh
         self.__doc__ = doc
 
     def __set_name__(self, kind: type[Any], name: str) -> None:
@@ -217,6 +218,8 @@ class ReadOnly(Generic[T]):
         """The value (the descriptor itself on the class)."""
         if owner is None:
             return self
+        if self._refresh is not None:
+            getattr(owner, self._refresh)()
         value: T = getattr(getattr(owner, self._part), self._name)
         return value
 

@@ -6,7 +6,10 @@ the uninterrupted one trained on next; tar shards too, given their length."""
 from __future__ import annotations
 
 import io
+import json
 import pathlib
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from typing import Any
@@ -174,3 +177,36 @@ def test_tar_shards_of_a_given_length_resume_exactly(tmp_path: pathlib.Path, eve
     assert sorted(i for batch in whole[:BATCHES] for i in batch) == list(range(100))
     assert len(whole) == 2 * BATCHES
     assert first + rest == whole
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["map", "tar"])
+def test_ranks_that_lightning_starts_after_the_loader_was_built_read_their_shares(
+    tmp_path: pathlib.Path, kind: str
+) -> None:
+    # The loader is built before fit(), as `trainer.fit(model, loader)` has it: its ranks were
+    # read then, when neither the process group nor RANK existed, and so were (0, 1) for
+    # good. Each of the 2 processes Lightning starts trained on every item, every epoch
+    # (Lightning gives torch's own loader a DistributedSampler; ours it leaves as it is).
+    job = pathlib.Path(__file__).with_name("lightning_ddp_job.py")
+    command = [sys.executable, str(job), "--out", str(tmp_path)]
+    items = 16
+    if kind == "tar":
+        shards = tmp_path / "shards"
+        shards.mkdir()
+        for shard in range(4):
+            with tarfile.open(shards / f"shard-{shard}.tar", "w") as archive:
+                for item in range(shard * 4, shard * 4 + 4):
+                    data = str(item).encode()
+                    info = tarfile.TarInfo(f"{item:03d}.cls")
+                    info.size = len(data)
+                    archive.addfile(info, io.BytesIO(data))
+        command += ["--shards", str(shards)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    for epoch in (0, 1):
+        first, second = ranks[0][epoch], ranks[1][epoch]
+        assert not set(first) & set(second), (epoch, first, second)
+        assert sorted(first + second) == list(range(items)), (epoch, first, second)
+    assert ranks[0][0] != ranks[0][1]  # each epoch in an order of its own

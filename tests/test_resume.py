@@ -252,6 +252,38 @@ def test_rank_and_world_size_default_to_torchruns_environment(
         DataLoader(SyncData(10))
 
 
+def test_ranks_left_to_the_environment_are_read_again_before_each_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loader built before its process group starts (Lightning's Trainer starts it inside
+    # fit, and the processes it starts have no RANK) kept the ranks of its construction, (0,
+    # 1), for good: every rank read every item (tests/test_lightning.py runs the Trainer).
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loaders = [DataLoader(SyncData(10), batch_size=2, shuffle=True) for _ in range(3)]
+    kept = DataLoader(SyncData(10), batch_size=2, shuffle=True, seed=5)
+    assert [len(loader) for loader in loaders] == [5, 5, 5]
+    under_way = iter(loaders[2])
+    first = next(under_way).tolist()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        loader = loaders[rank]
+        assert (loader.rank, loader.world_size, len(loader)) == (rank, 2, 3)
+        assert loader.seed == 0  # a seed drawn by each process would split two orders
+        assert isinstance(loader.sampler, DistributedSampler)
+        seen.append([i for batch in loader for i in batch.tolist()])
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(10))
+    assert kept.seed == 5
+    # An epoch under way goes on with the ranks it started with; the next one reads anew.
+    assert loaders[2].state_dict()["world_size"] == 1
+    rest = [i for batch in under_way for i in batch.tolist()]
+    assert sorted(first + rest) == list(range(10))
+    assert (loaders[2].world_size, len(list(loaders[2]))) == (2, 3)
+
+
 @pytest.mark.parametrize(("saved_ranks", "new_ranks"), [(2, 1), (2, 3), (3, 2), (1, 2)])
 def test_elastic_resume_covers_each_sample_exactly_once(saved_ranks: int, new_ranks: int) -> None:
     n, batch_size, taken = 60, 2, 3
