@@ -196,7 +196,20 @@ class StreamEpochs:
             return self._load_elastic(state)
         resume = check_stream_state(state, self._expected())
         source, name = resume.state["source"], type(self.dataset).__name__
-        if source is not None:
+        saved_by, rank = resume.state["rank"], self._order.rank
+        if source is not None and saved_by != rank:
+            # Another rank's (Lightning saves rank 0's state alone, and every rank loads it):
+            # its stream's state is of that rank's share. Ranks receive their batches in
+            # lockstep, so this rank is as many batches into its own share.
+            resume.state["source"] = source = None
+            if resume.batches:
+                warnings.warn(
+                    f"the state is rank {saved_by}'s, and its {name} state is of that rank's "
+                    f"share: the resumed epoch reads this rank's ({rank}) first "
+                    f"{resume.batches} batches again and drops them",
+                    stacklevel=3,
+                )
+        elif source is not None:
             try:
                 with telling(self._info(resume.epoch, resume.state["seed"])):
                     self.dataset.load_state_dict(source)

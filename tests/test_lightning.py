@@ -139,13 +139,13 @@ def test_a_data_module_resumes_exactly_inside_an_epoch_too(tmp_path: pathlib.Pat
     assert whole[5:] == rest
 
 
-def write_shards(folder: pathlib.Path) -> list[str]:
-    """The 100 items of :class:`Items` as four tar shards of 25 samples (a ``cls`` each)."""
+def write_shards(folder: pathlib.Path, per_shard: int = 25) -> list[str]:
+    """Items ``0`` to ``4 * per_shard - 1`` as four tar shards (a ``cls`` each)."""
     names = []
     for shard in range(4):
         names.append(f"shard-{shard}.tar")
         with tarfile.open(folder / names[-1], "w") as archive:
-            for item in range(shard * 25, shard * 25 + 25):
+            for item in range(shard * per_shard, shard * per_shard + per_shard):
                 data = str(item).encode()
                 info = tarfile.TarInfo(f"{item:03d}.cls")
                 info.size = len(data)
@@ -179,34 +179,46 @@ def test_tar_shards_of_a_given_length_resume_exactly(tmp_path: pathlib.Path, eve
     assert first + rest == whole
 
 
+DDP_JOB = pathlib.Path(__file__).with_name("lightning_ddp_job.py")
+
+
+def ddp_run(out: pathlib.Path, kind: str, *args: str) -> list[list[list[int]]]:
+    """What each of the 2 ranks of a run of the DDP job in ``out`` trained on, by epoch
+    (16 items; in 4 tar shards for ``kind="tar"``)."""
+    out.mkdir()
+    command = [sys.executable, str(DDP_JOB), "--out", str(out), *args]
+    if kind == "tar":
+        (out / "shards").mkdir()
+        write_shards(out / "shards", per_shard=4)
+        command += ["--shards", str(out / "shards")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["map", "tar"])
-def test_ranks_that_lightning_starts_after_the_loader_was_built_read_their_shares(
+def test_ranks_that_lightning_starts_read_their_shares_and_resume_exactly(
     tmp_path: pathlib.Path, kind: str
 ) -> None:
-    # The loader is built before fit(), as `trainer.fit(model, loader)` has it: its ranks were
-    # read then, when neither the process group nor RANK existed, and so were (0, 1) for
+    # 1. The loader is built before fit(), as `trainer.fit(model, loader)` has it: its ranks
+    # were read then, when neither the process group nor RANK existed, and so were (0, 1) for
     # good. Each of the 2 processes Lightning starts trained on every item, every epoch
     # (Lightning gives torch's own loader a DistributedSampler; ours it leaves as it is).
-    job = pathlib.Path(__file__).with_name("lightning_ddp_job.py")
-    command = [sys.executable, str(job), "--out", str(tmp_path)]
-    items = 16
-    if kind == "tar":
-        shards = tmp_path / "shards"
-        shards.mkdir()
-        for shard in range(4):
-            with tarfile.open(shards / f"shard-{shard}.tar", "w") as archive:
-                for item in range(shard * 4, shard * 4 + 4):
-                    data = str(item).encode()
-                    info = tarfile.TarInfo(f"{item:03d}.cls")
-                    info.size = len(data)
-                    archive.addfile(info, io.BytesIO(data))
-        command += ["--shards", str(shards)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    whole = ddp_run(tmp_path / "whole", kind)
     for epoch in (0, 1):
-        first, second = ranks[0][epoch], ranks[1][epoch]
-        assert not set(first) & set(second), (epoch, first, second)
-        assert sorted(first + second) == list(range(items)), (epoch, first, second)
-    assert ranks[0][0] != ranks[0][1]  # each epoch in an order of its own
+        zero, one = whole[0][epoch], whole[1][epoch]
+        assert not set(zero) & set(one), (epoch, zero, one)
+        assert sorted(zero + one) == list(range(16)), (epoch, zero, one)
+    assert whole[0][0] != whole[0][1]  # each epoch in an order of its own
+    # 2. Lightning saves rank 0's state of the loader alone, and every rank loads it. Ranks
+    # of a map-style loader move in lockstep, so it puts each rank where it was; a stream's
+    # state is of rank 0's share, which rank 1 refused ("TarShards state ... differs"), and
+    # its Trainer failed: it now reads its own share again up to the same batch.
+    first = ddp_run(tmp_path / "first", kind, "--stop-after", "3")
+    (checkpoint,) = (tmp_path / "first" / "saved").iterdir()
+    rest = ddp_run(tmp_path / "rest", kind, "--resume", str(checkpoint))
+    for rank in (0, 1):
+        assert len(first[rank][0]) == 6
+        assert first[rank][0] + rest[rank][0] == whole[rank][0]
+        assert rest[rank][1] == whole[rank][1]

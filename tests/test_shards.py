@@ -200,6 +200,37 @@ def test_ranks_read_disjoint_shards_whose_union_is_the_epoch(folder: Path) -> No
     assert union == sorted(k for shard in range(SHARDS) for k in keys_of(shard))
 
 
+@pytest.mark.parametrize("taken", [0, 1, 3, 4])
+def test_another_ranks_state_resumes_this_rank_from_its_own_share(folder: Path, taken: int) -> None:
+    # Lightning saves rank 0's state alone and every rank loads it (its DDP checkpoints). The
+    # state's TarShards part is of rank 0's shards, which rank 1 refused, so a Trainer could
+    # not resume: ranks move in lockstep, and rank 1 reads its own share again up to the
+    # same batch.
+    def loader(rank: int) -> DataLoader:
+        shards = on_files(folder, interleave=2, shuffle=True, shuffle_buffer=5)
+        return DataLoader(shards, batch_size=3, rank=rank, world_size=2, collate_fn=list)
+
+    whole = [[key(sample) for sample in batch] for batch in loader(1)]
+    saving = iter(saver := loader(0))
+    for _ in range(taken):
+        next(saving)
+    state = saver.state_dict()
+    resumed = loader(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.load_state_dict(state)
+    assert [str(warning.message) for warning in caught] == (
+        [
+            f"the state is rank 0's, and its TarShards state is of that rank's share: the "
+            f"resumed epoch reads this rank's (1) first {taken} batches again and drops them"
+        ]
+        if taken
+        else []
+    )
+    assert resumed.state_dict()["rank"] == 1
+    assert [[key(sample) for sample in batch] for batch in resumed] == whole[taken:]
+
+
 def test_fewer_shards_than_ranks_fails_the_epoch_saying_so(folder: Path) -> None:
     dataset = TarShards(FileDataset(names(2), root=folder))
     loader = DataLoader(dataset, batch_size=4, rank=0, world_size=3)
