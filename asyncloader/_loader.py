@@ -559,7 +559,8 @@ class DataLoader:
         (one drawn from the OS too), its count of epochs and a loaded state not yet used;
         never its threads, processes, statistics or an epoch in progress. The copy starts
         the next epoch the original would start."""
-        return (_rebuilt, (self._given, self.seed, self._epoch, self._resume))
+        seed = self.seed
+        return (_rebuilt, (self._given, seed, self._order.seed_drawn, self._epoch, self._resume))
 
     def __enter__(self) -> DataLoader:
         return self
@@ -582,10 +583,12 @@ class DataLoader:
         )
 
 
-def _rebuilt(given: dict[str, Any], seed: int, epoch: int, resume: Resume | None) -> DataLoader:
+def _rebuilt(
+    given: dict[str, Any], seed: int, drawn: bool, epoch: int, resume: Resume | None
+) -> DataLoader:
     """A copy of a loader (see :meth:`DataLoader.__reduce__`)."""
     loader = DataLoader(**given)
     if not loader._order.seed_given:
-        loader._order.adopt_seed(seed)
+        loader._order.adopt_seed(seed, drawn)
     loader._epoch, loader._resume = epoch, resume
     return loader

@@ -102,7 +102,8 @@ class Order:
             self.seed = 0
         else:
             self.seed = secrets.randbits(63)
-        self._seed_drawn = not self.seed_given and self.world_size == 1
+        self.seed_drawn = not self.seed_given and self.world_size == 1
+        """Whether the seed was drawn from the OS (which more than one rank makes 0)."""
         self.owns_sampler = sampler is None and batch_sampler is None
         if sampler is not None:
             if self.shuffle:
@@ -130,8 +131,8 @@ class Order:
         if ranks == (self.rank, self.world_size):
             return
         self.rank, self.world_size = ranks
-        if self.world_size > 1 and self._seed_drawn:
-            self.seed, self._seed_drawn = 0, False
+        if self.world_size > 1 and self.seed_drawn:
+            self.seed, self.seed_drawn = 0, False
         if self.owns_sampler:
             self.sampler = self.default_sampler(self.seed)
             self._follower = EpochFollower(self.source)
@@ -149,9 +150,12 @@ class Order:
         """What orders an epoch: the batch sampler when there is one, else the sampler."""
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
-    def adopt_seed(self, seed: int) -> None:
-        """Take a loaded state's seed in place of one drawn from the OS."""
-        self.seed, self._seed_drawn = seed, False
+    def adopt_seed(self, seed: int, drawn: bool = False) -> None:
+        """Take a loaded state's seed, or a copied loader's (``drawn``: the OS drew it), in
+        place of one drawn from the OS."""
+        if drawn and self.world_size > 1:
+            return  # 0, as a seed drawn here would have become: every rank's must agree
+        self.seed, self.seed_drawn = seed, drawn
         if self.owns_sampler:
             self.sampler = self.default_sampler(seed)
 

@@ -171,6 +171,24 @@ def test_a_rank_left_to_the_environment_is_read_where_the_copy_is_made(
     assert batches(copy.deepcopy(found)) == [[1, 3], [5, 7]]
 
 
+def test_a_copy_made_before_its_process_group_shuffles_as_every_rank_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A seed drawn from the OS becomes 0 once the loader finds more than one rank, so that
+    # every rank draws one order. A copy took the original's drawn seed as given, and kept
+    # it: ranks holding copies each shuffled in an order of their own (overlapping shares).
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    copies = [copy.deepcopy(DataLoader(Numbers(8), batch_size=2, shuffle=True)) for _ in "ab"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shares = []
+    for rank, loader in enumerate(copies):
+        monkeypatch.setenv("RANK", str(rank))
+        assert loader.seed == 0
+        shares.append([item for batch in batches(loader) for item in batch])
+    assert sorted(shares[0] + shares[1]) == list(range(8))
+
+
 def _epoch_in_child(loader: DataLoader, queue: Any) -> None:
     queue.put(batches(loader))
 
