@@ -267,16 +267,22 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if (
-            torch is not None
-            and type(obj) is torch.Tensor
-            and obj.device.type == "cpu"
-            and obj.layout == torch.strided  # a sparse one is torch's to pickle (in band)
-            and not obj.requires_grad
-            and str(obj.dtype) in _NUMPY_DTYPES
+            torch is None
+            or type(obj) is not torch.Tensor
+            or obj.device.type != "cpu"
+            or obj.layout != torch.strided  # a sparse one is torch's to pickle (in band)
+            or obj.is_nested  # strided too, but of no one size
+            or obj.is_quantized
+            or obj.requires_grad
         ):
-            # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
-            return torch.from_numpy, (obj.resolve_conj().resolve_neg().contiguous().numpy(),)
-        return NotImplemented
+            return NotImplemented
+        # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
+        tensor = obj.resolve_conj().resolve_neg().contiguous()
+        if str(obj.dtype) in _NUMPY_DTYPES:
+            return torch.from_numpy, (tensor.numpy(),)
+        # A dtype NumPy lacks crosses as its bytes: torch's own pickling of some (uint16,
+        # float8, complex32) cannot be loaded again, and it copies the data in band.
+        return _from_bytes, (tensor.reshape(-1).view(torch.uint8).numpy(), obj.dtype, obj.shape)
 
 
 class Discard:
@@ -313,6 +319,13 @@ _NUMPY_DTYPES: Final = frozenset(
     )
 )
 """The tensor dtypes NumPy has too (not bfloat16): these tensors cross as arrays."""
+
+
+def _from_bytes(data: Any, dtype: Any, shape: Any) -> Any:
+    """A tensor made again from its bytes (``data``, an array of uint8), sharing them."""
+    import torch
+
+    return torch.from_numpy(data).view(dtype).reshape(shape)
 
 
 _arena: Arena | None = None
