@@ -265,24 +265,31 @@ class _Pickler(pickle.Pickler):
         super().__init__(stream, protocol=5, buffer_callback=buffer_callback)
 
     def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if (
-            torch is None
-            or type(obj) is not torch.Tensor
-            or obj.device.type != "cpu"
-            or obj.layout != torch.strided  # a sparse one is torch's to pickle (in band)
-            or obj.is_nested  # strided too, but of no one size
-            or obj.is_quantized
-            or obj.requires_grad
-        ):
-            return NotImplemented
-        # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
-        tensor = obj.resolve_conj().resolve_neg().contiguous()
-        if str(obj.dtype) in _NUMPY_DTYPES:
-            return torch.from_numpy, (tensor.numpy(),)
-        # A dtype NumPy lacks crosses as its bytes: torch's own pickling of some (uint16,
-        # float8, complex32) cannot be loaded again, and it copies the data in band.
-        return _from_bytes, (tensor.reshape(-1).view(torch.uint8).numpy(), obj.dtype, obj.shape)
+        return tensor_reduction(obj) or NotImplemented
+
+
+def tensor_reduction(obj: Any) -> tuple[Any, ...] | None:
+    """How a dense CPU tensor is pickled with its data out of band: as the array it shares
+    memory with, or as an array of its bytes if NumPy lacks its dtype. ``None`` for anything
+    else, which pickle (torch, for another tensor) pickles its own way."""
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        or type(obj) is not torch.Tensor
+        or obj.device.type != "cpu"
+        or obj.layout != torch.strided  # a sparse one is torch's to pickle (in band)
+        or obj.is_nested  # strided too, but of no one size
+        or obj.is_quantized
+        or obj.requires_grad
+    ):
+        return None
+    # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
+    tensor = obj.resolve_conj().resolve_neg().contiguous()
+    if str(obj.dtype) in _NUMPY_DTYPES:
+        return torch.from_numpy, (tensor.numpy(),)
+    # A dtype NumPy lacks crosses as its bytes: torch's own pickling of some (uint16,
+    # float8, complex32) cannot be loaded again, and it copies the data in band.
+    return _from_bytes, (tensor.reshape(-1).view(torch.uint8).numpy(), obj.dtype, obj.shape)
 
 
 class Discard:

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import IO, Any, Final
 
-from ._shared import anonymous
+from ._shared import anonymous, tensor_reduction
 from ._worker import Layout, Work
 from ._zygote import IN_WORKER
 
@@ -63,7 +63,9 @@ def _dump(
             for module in (getattr(obj, "__module__", None), kind.__module__):
                 if isinstance(module, str):
                     found.add(module)
-            return NotImplemented
+            # A tensor as the batches' are: out of band (shared, not loaded as a copy), of any
+            # dtype (torch's own pickles of some cannot be loaded).
+            return tensor_reduction(obj) or NotImplemented
 
     try:
         Recording(file, protocol=5, buffer_callback=buffer_callback).dump(work)

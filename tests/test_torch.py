@@ -296,6 +296,22 @@ def test_tensors_of_every_dtype_cross_from_worker_processes() -> None:
                     assert _bytes(got[key]) == _bytes(tensor), key
 
 
+@pytest.mark.parametrize("dtype", ["uint16", "float8_e4m3fn", "float32"])
+def test_a_dataset_of_tensors_of_any_dtype_is_sent_to_worker_processes(dtype: str) -> None:
+    # A TensorDataset of a uint16 tensor (16-bit images): torch's pickle of the dataset
+    # could not be loaded by the workers ("UntypedStorage has no attribute 'dtype'"), and
+    # the epoch failed; torch's loader reads it.
+    values = torch.arange(4096 * 8).reshape(8, 4096).to(getattr(torch, dtype))
+    dataset = torch.utils.data.TensorDataset(values)
+    with DataLoader(dataset, batch_size=2, cpu_processes=1) as loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        assert procs.wait_ready(30.0)
+        batches = [batch for [batch] in loader]
+    assert [batch.dtype for batch in batches] == [values.dtype] * 4
+    assert _bytes(torch.cat(batches)) == _bytes(values)
+
+
 def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
     loader = DataLoader(TorchStyle(), batch_size=4, cpu_processes=1)
     with loader:
