@@ -147,6 +147,9 @@ class StreamEpochs:
         self._order = order
         self._settings = settings
         self._batch_size = batch_size
+        self._handed = False
+        """Whether the stream was handed a state last (which it may hold still: an epoch
+        begun and dropped before the stream was read has not taken it)."""
 
     def _expected(self) -> StreamExpected:
         dataset = self.dataset
@@ -209,23 +212,43 @@ class StreamEpochs:
                     f"{resume.batches} batches again and drops them",
                     stacklevel=3,
                 )
-        elif source is not None:
-            try:
-                with telling(self._info(resume.epoch, resume.state["seed"])):
-                    self.dataset.load_state_dict(source)
-            except Exception as error:
-                raise ValueError(
-                    f"state source: {name}.load_state_dict refused it: {error}"
-                ) from error
-        elif resume.batches:
+        elif source is None and resume.batches:
             warnings.warn(
                 f"{name} has no state_dict()/load_state_dict(): the resumed epoch reads its "
                 f"first {resume.batches} batches again and drops them",
                 stacklevel=3,
             )
+        self._hand(source, resume.epoch, resume.state["seed"])
         if not self._order.seed_given:
             self._order.adopt_seed(resume.state["seed"])
         return resume
+
+    def _hand(self, source: Any, epoch: int, seed: int) -> None:
+        """Hand the stream its part of a loaded state. With none (a state between epochs, or
+        another rank's), one handed before is dropped: the stream is handed ``{}``, its state
+        between epochs, or the next epoch would begin from the earlier state.
+
+        Raises:
+            ValueError: The stream's ``load_state_dict`` refused it.
+        """
+        if source is None and not self._handed:
+            return
+        try:
+            with telling(self._info(epoch, seed)):
+                self.dataset.load_state_dict({} if source is None else source)
+        except Exception as error:
+            name = type(self.dataset).__name__
+            if source is not None:
+                raise ValueError(
+                    f"state source: {name}.load_state_dict refused it: {error}"
+                ) from error
+            raise ValueError(
+                f"state source: the state holds none of {name}'s, and {name}.load_state_dict "
+                f"refused {{}} (its state between epochs, handed so that it drops the state "
+                f"loaded before): {error!r}; accept {{}} as an epoch's start, or load the "
+                "state into a new loader"
+            ) from error
+        self._handed = source is not None
 
     def _load_elastic(self, states: list[Any]) -> Resume:
         """States of every rank of another number of ranks: the rest of their epoch, re-split
@@ -256,6 +279,7 @@ class StreamEpochs:
         if first["batches_received"] == 0:
             # No rank received a batch of this epoch (saved before its first, or after the
             # last epoch's end): there is nothing to re-split, and these ranks start it afresh.
+            self._hand(None, first["epoch"], first["seed"])
             return self._adopt(first, None)
         load_elastic = getattr(self.dataset, "load_elastic", None)
         if load_elastic is None:
@@ -269,6 +293,7 @@ class StreamEpochs:
                 load_elastic(sources, self._order.rank, self._order.world_size)
         except Exception as error:
             raise ValueError(f"state source: {name}.load_elastic refused it: {error}") from error
+        self._handed = True
         return self._adopt(first, json.dumps(self.dataset.state_dict()))
 
     def _adopt(self, first: dict[str, Any], own: str | None) -> Resume:

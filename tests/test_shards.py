@@ -200,22 +200,28 @@ def test_ranks_read_disjoint_shards_whose_union_is_the_epoch(folder: Path) -> No
     assert union == sorted(k for shard in range(SHARDS) for k in keys_of(shard))
 
 
+def rank_of_two(folder: Path, rank: int) -> DataLoader:
+    """Rank ``rank`` of 2 over the shards, shuffled, interleaved and buffered."""
+    shards = on_files(folder, interleave=2, shuffle=True, shuffle_buffer=5)
+    return DataLoader(shards, batch_size=3, rank=rank, world_size=2, collate_fn=list)
+
+
+def batch_keys(loader: DataLoader) -> list[list[str]]:
+    return [[key(sample) for sample in batch] for batch in loader]
+
+
 @pytest.mark.parametrize("taken", [0, 1, 3, 4])
 def test_another_ranks_state_resumes_this_rank_from_its_own_share(folder: Path, taken: int) -> None:
     # Lightning saves rank 0's state alone and every rank loads it (its DDP checkpoints). The
     # state's TarShards part is of rank 0's shards, which rank 1 refused, so a Trainer could
     # not resume: ranks move in lockstep, and rank 1 reads its own share again up to the
     # same batch.
-    def loader(rank: int) -> DataLoader:
-        shards = on_files(folder, interleave=2, shuffle=True, shuffle_buffer=5)
-        return DataLoader(shards, batch_size=3, rank=rank, world_size=2, collate_fn=list)
-
-    whole = [[key(sample) for sample in batch] for batch in loader(1)]
-    saving = iter(saver := loader(0))
+    whole = batch_keys(rank_of_two(folder, 1))
+    saving = iter(saver := rank_of_two(folder, 0))
     for _ in range(taken):
         next(saving)
     state = saver.state_dict()
-    resumed = loader(1)
+    resumed = rank_of_two(folder, 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         resumed.load_state_dict(state)
@@ -228,7 +234,30 @@ def test_another_ranks_state_resumes_this_rank_from_its_own_share(folder: Path, 
         else []
     )
     assert resumed.state_dict()["rank"] == 1
-    assert [[key(sample) for sample in batch] for batch in resumed] == whole[taken:]
+    assert batch_keys(resumed) == whole[taken:]
+
+
+@pytest.mark.parametrize("then", ["between epochs", "another rank's"])
+def test_a_state_loaded_after_another_replaces_it_whole(folder: Path, then: str) -> None:
+    # A state without TarShards' own part (one between epochs, another rank's) left the walk
+    # of a state loaded before it in TarShards: the epoch resumed from that walk (and then
+    # dropped the batches of the new state's count too), not from the new state.
+    whole = batch_keys(rank_of_two(folder, 1))
+    own = iter(mine := rank_of_two(folder, 1))
+    next(own)
+    if then == "between epochs":
+        later, rest = rank_of_two(folder, 1).state_dict(), whole
+    else:
+        other = iter(saver := rank_of_two(folder, 0))
+        for _ in range(3):
+            next(other)
+        later, rest = saver.state_dict(), whole[3:]
+    resumed = rank_of_two(folder, 1)
+    resumed.load_state_dict(mine.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # another rank's: read again, and said
+        resumed.load_state_dict(later)
+    assert batch_keys(resumed) == rest
 
 
 def test_fewer_shards_than_ranks_fails_the_epoch_saying_so(folder: Path) -> None:

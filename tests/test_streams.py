@@ -443,6 +443,32 @@ def test_resume_with_the_streams_own_state_reads_only_what_was_not_received(
     assert stream.produced == 28
 
 
+def test_a_state_between_epochs_after_a_stream_state_drops_it_or_is_refused() -> None:
+    # A state with none of the stream's (one between epochs) left the stream's state loaded
+    # before in it: the epoch resumed there, silently. The stream is now handed {}, its state
+    # between epochs; one that refuses it has the load refused, the loader as it was.
+    with DataLoader(Counter(40), batch_size=4) as loader:
+        iterator: Any = iter(loader)
+        next(iterator)
+        inside = loader.state_dict()
+        iterator.close()
+    between = DataLoader(Counter(40), batch_size=4).state_dict()
+    with DataLoader(Counter(40), batch_size=4) as restored:
+        restored.load_state_dict(inside)
+        with pytest.raises(ValueError, match=r"Counter.load_state_dict refused \{\}"):
+            restored.load_state_dict(between)
+        assert _lists(restored) == _expected(40, 4)[1:]
+
+    class Restarts(Counter):
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.next = state.get("next", 0)
+
+    with DataLoader(Restarts(40), batch_size=4) as restored:
+        restored.load_state_dict(inside)
+        restored.load_state_dict(between)
+        assert _lists(restored) == _expected(40, 4)
+
+
 def test_resume_without_the_streams_own_state_reads_again_and_warns() -> None:
     with DataLoader(Numbers(30), batch_size=4, num_workers=2) as loader:
         iterator: Any = iter(loader)
