@@ -283,9 +283,14 @@ def tensor_reduction(obj: Any) -> tuple[Any, ...] | None:
         or obj.requires_grad
     ):
         return None
+    numpy = str(obj.dtype) in _NUMPY_DTYPES
+    if (numpy or obj.dtype == torch.bfloat16) and (
+        obj.numel() * obj.element_size() > obj.untyped_storage().nbytes()
+    ):
+        return None  # an expanded view: torch pickles the few elements it repeats
     # A lazy conjugate or negation is resolved: NumPy has no such bit (a copy only then).
     tensor = obj.resolve_conj().resolve_neg().contiguous()
-    if str(obj.dtype) in _NUMPY_DTYPES:
+    if numpy:
         return torch.from_numpy, (tensor.numpy(),)
     # A dtype NumPy lacks crosses as its bytes: torch's own pickling of some (uint16,
     # float8, complex32) cannot be loaded again, and it copies the data in band.

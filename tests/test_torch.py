@@ -312,6 +312,19 @@ def test_a_dataset_of_tensors_of_any_dtype_is_sent_to_worker_processes(dtype: st
     assert _bytes(torch.cat(batches)) == _bytes(values)
 
 
+def test_an_expanded_tensor_in_a_dataset_is_sent_as_its_few_elements() -> None:
+    # An expanded view (stride 0) repeats a few elements: torch pickles those, as it did for
+    # the dataset before its tensors went out of band. Sent whole, 32 MiB of memory for the
+    # workers held what 32 bytes say.
+    expanded = torch.arange(8.0).reshape(1, 8).expand(2**20, 8)
+    loader = DataLoader(torch.utils.data.TensorDataset(expanded), batch_size=4, cpu_processes=1)
+    with loader:
+        assert loader._work is not None
+        assert loader._work.layout[2] < 2**20
+        [first] = next(iter(loader))
+    assert torch.equal(first, expanded[:4])
+
+
 def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
     loader = DataLoader(TorchStyle(), batch_size=4, cpu_processes=1)
     with loader:
