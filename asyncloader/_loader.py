@@ -435,7 +435,7 @@ class DataLoader:
             lanes=self._lanes(batches),
             recorder=self._recorder,
             skipper=self._skipper,
-            augment=(self.seed, epoch),
+            augment=(self._order.seed, epoch),  # the ranks were just read: not again
             stream=batches.reader if isinstance(batches, StreamBatches) else None,
             procs=runtime.procs,
             after=self._after,
