@@ -203,6 +203,18 @@ def test_a_tensor_from_a_worker_goes_out_of_band_into_shared_memory() -> None:
     assert got["y"].tolist() == [0, 1, 2, 3]
 
 
+def _from_processes_and_threads(dataset: Any) -> list[tuple[Any, Any]]:
+    """Each item of ``dataset`` as a worker process sent it, beside the same item made on a
+    CPU thread (batches of 2, kept as lists)."""
+
+    def run(**mode: Any) -> list[list[Any]]:
+        with DataLoader(dataset, batch_size=2, collate_fn=list, **mode) as loader:
+            return list(loader)
+
+    pairs = zip(run(cpu_processes=1), run(cpu_threads=1), strict=True)
+    return [item for ours, threads in pairs for item in zip(ours, threads, strict=True)]
+
+
 class Layouts(torch.utils.data.Dataset[dict[str, torch.Tensor]]):  # type: ignore[misc,unused-ignore]
     """Tensors of every layout torch's own worker processes send: sparse (COO, CSR) beside
     strided ones, a strided view, lazily conjugated or negated views, and a tensor that
@@ -230,18 +242,12 @@ def test_tensors_of_every_layout_cross_from_worker_processes() -> None:
     # A sparse tensor was sent as if strided: "unsupported memory format option Contiguous"
     # failed every batch that held one, and a conjugated view "Can't call numpy() on Tensor
     # that has conjugate bit set" (torch's DataLoader sends both).
-    def run(**mode: Any) -> list[list[dict[str, torch.Tensor]]]:
-        with DataLoader(Layouts(), batch_size=2, collate_fn=list, **mode) as loader:
-            return list(loader)
-
-    ours, threads = run(cpu_processes=1), run(cpu_threads=1)
-    for got_batch, want_batch in zip(ours, threads, strict=True):
-        for got, want in zip(got_batch, want_batch, strict=True):
-            assert isinstance(got, dict), got
-            for key, tensor in want.items():
-                assert got[key].layout == tensor.layout, key
-                assert got[key].requires_grad == tensor.requires_grad, key
-                assert torch.equal(got[key].to_dense(), tensor.to_dense()), key
+    for got, want in _from_processes_and_threads(Layouts()):
+        assert isinstance(got, dict), got
+        for key, tensor in want.items():
+            assert got[key].layout == tensor.layout, key
+            assert got[key].requires_grad == tensor.requires_grad, key
+            assert torch.equal(got[key].to_dense(), tensor.to_dense()), key
 
 
 class Dtypes(torch.utils.data.Dataset[dict[str, torch.Tensor]]):  # type: ignore[misc,unused-ignore]
@@ -276,24 +282,18 @@ def test_tensors_of_every_dtype_cross_from_worker_processes() -> None:
     # depth map or 16-bit image ("UntypedStorage has no attribute 'dtype'", as torch's own
     # pickling of such a tensor fails to load), or a nested tensor ("NestedTensorImpl
     # doesn't support sizes").
-    def run(**mode: Any) -> list[list[dict[str, torch.Tensor]]]:
-        with DataLoader(Dtypes(), batch_size=2, collate_fn=list, **mode) as loader:
-            return list(loader)
-
-    ours, threads = run(cpu_processes=1), run(cpu_threads=1)
-    for got_batch, want_batch in zip(ours, threads, strict=True):
-        for got, want in zip(got_batch, want_batch, strict=True):
-            for key, tensor in want.items():
-                assert got[key].dtype == tensor.dtype, key
-                if tensor.is_nested:
-                    assert got[key].is_nested, key
-                    for part, wanted in zip(got[key].unbind(), tensor.unbind(), strict=True):
-                        assert torch.equal(part, wanted), key
-                elif tensor.is_quantized:
-                    assert torch.equal(got[key].dequantize(), tensor.dequantize()), key
-                else:
-                    assert got[key].shape == tensor.shape, key
-                    assert _bytes(got[key]) == _bytes(tensor), key
+    for got, want in _from_processes_and_threads(Dtypes()):
+        for key, tensor in want.items():
+            assert got[key].dtype == tensor.dtype, key
+            if tensor.is_nested:
+                assert got[key].is_nested, key
+                for part, wanted in zip(got[key].unbind(), tensor.unbind(), strict=True):
+                    assert torch.equal(part, wanted), key
+            elif tensor.is_quantized:
+                assert torch.equal(got[key].dequantize(), tensor.dequantize()), key
+            else:
+                assert got[key].shape == tensor.shape, key
+                assert _bytes(got[key]) == _bytes(tensor), key
 
 
 @pytest.mark.parametrize("dtype", ["uint16", "float8_e4m3fn", "float32"])
