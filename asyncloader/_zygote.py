@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
@@ -44,6 +45,10 @@ _ONE_THREAD: Final = {
 """Math libraries start their thread pools at import; in the zygote they must not (a fork of
 a process that runs threads is unsafe), and a worker is one of many processes anyway."""
 
+
+_OPTIONS: Final[Callable[[], list[str]]] = subprocess._args_from_interpreter_flags  # type: ignore[attr-defined]
+"""This interpreter's options as arguments; what ``multiprocessing`` starts its processes
+with (private to the standard library, and there since Python 3.2)."""
 
 _Memory = tuple[int, Layout]
 """The descriptor of the memory the work is pickled in, and where it lies in it."""
@@ -96,18 +101,22 @@ class WorkerProcess:
 
 
 def _python(entry: str) -> list[str]:
-    """A fresh interpreter that runs this module's ``entry`` with this process's ``sys.path``.
+    """A fresh interpreter that runs this module's ``entry`` with this process's ``sys.path``
+    and options.
 
     ``python -c`` puts the working directory first on ``sys.path``: set before any import
     that could be looked up there (marshal is built in), this process's own path makes the
-    interpreter import the same asyncloader, and the same modules, as this process.
+    interpreter import the same asyncloader, and the same modules, as this process. Its
+    options (``-W``, ``-X dev``, ``-O``, ...) are passed on as ``multiprocessing`` passes
+    them to the processes it starts: the user's code runs under the same warning filters in a
+    worker as on a thread.
     """
     boot = (
         "import marshal, os, sys; "
         "sys.path[:] = marshal.loads(bytes.fromhex(os.environ.pop('ASYNCLOADER_PATH'))); "
         f"from asyncloader._zygote import {entry}; {entry}()"
     )
-    return [sys.executable, "-c", boot]
+    return [sys.executable, *_OPTIONS(), "-c", boot]
 
 
 def _path() -> dict[str, str]:
@@ -296,6 +305,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(os.environ.pop("ASYNCLOADER_ZYGOTE_FD")))
     conn = Connection(os.dup(sock.fileno()))
+    with sock, conn:
+        _zygote(sock, conn)
+
+
+def _zygote(sock: socket.socket, conn: Connection) -> None:
     try:
         modules, main_path, *memory = pickle.loads(conn.recv_bytes())
         work: Work | None = None

@@ -1063,22 +1063,27 @@ def epochs():
 """
 
 
-def _script(tmp_path: Any, text: str) -> subprocess.CompletedProcess[str]:
+GUARDED_SCRIPT = SCRIPT_DATASET + "if __name__ == '__main__':\n    epochs()\n"
+
+
+def _script(
+    tmp_path: Any, text: str, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(text))
     return subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, *flags, str(script)],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
 
 @pytest.mark.timeout(120)
 def test_a_script_defining_its_dataset_runs_under_the_main_guard(tmp_path: Any) -> None:
-    result = _script(tmp_path, SCRIPT_DATASET + "if __name__ == '__main__':\n    epochs()\n")
+    result = _script(tmp_path, GUARDED_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49]]"
 
@@ -1110,6 +1115,61 @@ def test_a_script_whose_dataset_lives_in_a_module_needs_no_guard(tmp_path: Any) 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[4, 4]"
+
+
+WARNING_DATASET = """
+import warnings
+import numpy as np
+from asyncloader import DataLoader
+
+class Warns:  # as Pillow warns of a palette image's transparency, for one item of four
+    def __len__(self): return 8
+    def __getitem__(self, i):
+        if i % 4 == 1:
+            warnings.warn(f"item {i} is odd", UserWarning)
+        return np.array([i])
+
+def epoch(how):
+    loader = DataLoader(Warns(), batch_size=2, **how)
+    if "cpu_processes" in how:
+        assert loader._runtime_here().procs.wait_ready(30)
+    said, batches = [], iter(loader)
+    for _ in range(len(loader)):
+        try:
+            said.append(next(batches).ravel().tolist())
+        except UserWarning:
+            said.append("UserWarning")
+    loader.close()
+    return said
+
+if __name__ == "__main__":
+    print(epoch({"cpu_threads": 1}))
+    print(epoch({"cpu_processes": 2}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_take_the_interpreters_warning_options(tmp_path: Any) -> None:
+    # `python -W error::UserWarning train.py`: the thread's batches failed with the
+    # UserWarning, the workers' only printed it. multiprocessing passes a child the
+    # interpreter's options (torch's spawned workers get them so), the zygote got none.
+    result = _script(tmp_path, WARNING_DATASET, "-W", "error::UserWarning")
+    assert result.returncode == 0, result.stderr
+    threads, processes = result.stdout.strip().splitlines()
+    assert threads == "['UserWarning', [2, 3], 'UserWarning', [6, 7]]"
+    assert processes == threads
+    assert "UserWarning" not in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", [{"PYTHONDEVMODE": "1"}, {"PYTHONWARNINGS": "always"}])
+def test_the_zygote_leaves_nothing_unclosed_at_its_exit(tmp_path: Any, env: dict[str, str]) -> None:
+    # The zygote's socket was left to be collected at its exit: "ResourceWarning: unclosed
+    # <socket.socket ...>" on every loader's close, where warnings are shown.
+    result = _script(tmp_path, GUARDED_SCRIPT, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49]]"
+    assert result.stderr == "", result.stderr
 
 
 async def test_an_async_epoch_on_the_callers_loop() -> None:
