@@ -111,6 +111,20 @@ def test_a_column_that_no_shard_has_fails_each_shard_naming_it(folder: Path) -> 
     ]
 
 
+def test_a_missing_column_is_said_among_the_names_columns_takes(tmp_path: Path) -> None:
+    # The message listed the file's leaf fields: a struct's and a list's insides ('width',
+    # 'element') and not the names a row has and `columns` takes ('size', 'tags').
+    table = pa.table({"id": [1], "size": [{"width": 2, "height": 3}], "tags": [["a"]]})
+    pq.write_table(table, tmp_path / "nested.parquet")
+    dataset = ParquetShards(FileDataset(["nested.parquet"], root=tmp_path), columns=["width"])
+    with DataLoader(dataset, batch_size=1, collate_fn=list) as loader:
+        said = every_outcome(loader, len)
+    assert said == ["shard nested.parquet: no column 'width' (its columns: 'id', 'size', 'tags')"]
+    dataset = ParquetShards(FileDataset(["nested.parquet"], root=tmp_path), columns=["size.width"])
+    with DataLoader(dataset, batch_size=1, collate_fn=list) as loader:
+        assert [row["size"] for batch in loader for row in batch] == [{"width": 2}]
+
+
 def test_a_column_named_as_a_rows_place_fails_its_shard(tmp_path: Path) -> None:
     # The loader's __shard__ and __row__ replaced such columns, silently, even when selected.
     with_place = pa.table({"id": [1, 2], "__row__": [100, 101], "__shard__": ["x", "y"]})

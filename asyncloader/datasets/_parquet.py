@@ -30,6 +30,7 @@ from ._parquet_sizes import (
     read_columns,
     rows_a_step,
     size_read,
+    top_names,
 )
 from ._shards import Shard, ShardStream
 from ._streaming import Blocking
@@ -327,7 +328,7 @@ class ParquetShards(ShardStream):
                 loop = asyncio.get_running_loop()
                 meta, groups = await blocking(opened.open, source, index, shard.name, loop)
                 if (missing := missing_column(meta, columns)) is not None:
-                    named = ", ".join(repr(name) for name in meta.schema.names)
+                    named = ", ".join(repr(name) for name in top_names(meta))
                     raise ShardError(
                         f"shard {shard.name}: no column {missing!r} (its columns: {named})"
                     )

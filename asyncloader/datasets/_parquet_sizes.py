@@ -54,6 +54,13 @@ def missing_column(meta: Any, columns: list[str] | None) -> str | None:
     return None
 
 
+def top_names(meta: Any) -> list[str]:
+    """The names of the file's columns as its rows have them: a struct's or a list's, not the
+    fields inside them (which a dotted name selects)."""
+    names: list[str] = meta.schema.to_arrow_schema().names
+    return names
+
+
 def size_read(group: Group, numbers: list[int] | None) -> int:
     """The uncompressed bytes of row group ``group`` (its footer's metadata) that reading
     columns ``numbers`` (:func:`read_columns`) reads."""
