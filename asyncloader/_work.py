@@ -23,7 +23,7 @@ from typing import IO, Any, Final
 
 from ._shared import anonymous, tensor_reduction
 from ._worker import Layout, Work
-from ._zygote import IN_WORKER
+from ._zygote import importing_main
 
 _SEALS: Final = (
     getattr(fcntl, "F_SEAL_WRITE", 0)
@@ -160,7 +160,7 @@ def pickle_work(work: Work) -> PickledWork:
         RuntimeError: This is a worker process, importing a script whose loader is not
             started under ``if __name__ == "__main__":``.
     """
-    if os.environ.get(IN_WORKER):
+    if importing_main():
         raise RuntimeError(UNGUARDED)
     return PickledWork(work)
 

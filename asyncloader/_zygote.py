@@ -36,8 +36,30 @@ from typing import Any, Final
 
 from ._worker import Layout, Work, error_payload, load_work, serve
 
-IN_WORKER: Final = "ASYNCLOADER_WORKER"
-"""Set in the zygote and its workers: a loader built there is a script's unguarded code."""
+
+class _Main:
+    """Whether this process is importing the loader's main script, as the zygote (or a
+    worker that starts alone) does: a loader built then is the script's unguarded code. A
+    flag of the process, not of its environment, which every process a worker starts would
+    inherit."""
+
+    importing = False
+
+
+def importing_main() -> bool:
+    """Whether the loader's main script is being imported here, to find what the work needs."""
+    return _Main.importing
+
+
+def _import_main(path: str) -> None:
+    from multiprocessing import spawn
+
+    _Main.importing = True
+    try:
+        spawn.import_main_path(path)
+    finally:
+        _Main.importing = False
+
 
 _ONE_THREAD: Final = {
     name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -140,7 +162,7 @@ class Zygote:
     def __init__(self, modules: list[str], main: bool, work: int, layout: Layout) -> None:
         ours, theirs = socket.socketpair()
         main_path = getattr(sys.modules["__main__"], "__file__", None) if main else None
-        environment = {**os.environ, **_ONE_THREAD, IN_WORKER: "1"}
+        environment = {**os.environ, **_ONE_THREAD}
         self.process = subprocess.Popen(
             _python("main"),
             pass_fds=[theirs.fileno(), work],
@@ -315,9 +337,7 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
         work: Work | None = None
         try:
             if main_path is not None:
-                from multiprocessing import spawn
-
-                spawn.import_main_path(main_path)
+                _import_main(main_path)
             for name in modules:
                 importlib.import_module(name)
             work = _load_shared((memory[0], memory[1]))
@@ -355,7 +375,5 @@ def alone() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, main_path, memory, layout = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
     if main_path is not None:
-        from multiprocessing import spawn
-
-        spawn.import_main_path(main_path)
+        _import_main(main_path)
     _serve(Connection(fd), None, (memory, layout))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -148,16 +149,29 @@ class Gated(Images):
         return super().__getitem__(index)
 
 
-class LoadsOnlyHere(Images):
+class Sent(Images):
+    """Says, as it is loaded, whether it was pickled in another process (a worker's, or the
+    zygote, loads what the loader's process pickled)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "pickled_in": os.getpid()}
+
+    @staticmethod
+    def crossed(state: dict[str, Any]) -> bool:
+        """Whether ``state`` was pickled in another process than this."""
+        return bool(state["pickled_in"] != os.getpid())
+
+
+class LoadsOnlyHere(Sent):
     """Pickles, but cannot be unpickled in a worker process."""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if os.environ.get("ASYNCLOADER_WORKER"):
+        if self.crossed(state):
             raise ValueError("this dataset cannot be loaded in a worker")
         self.__dict__.update(state)
 
 
-class EndsAsLoaded(Images):
+class EndsAsLoaded(Sent):
     """Pickles, but ends the process that loads it in a worker (with ``os._exit(code)``, or
     the signal ``code`` when ``signal`` is true)."""
 
@@ -166,19 +180,19 @@ class EndsAsLoaded(Images):
         self.code, self.signal = code, signal
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if os.environ.get("ASYNCLOADER_WORKER"):
+        if self.crossed(state):
             if state["signal"]:
                 os.kill(os.getpid(), state["code"])
             os._exit(state["code"])
         self.__dict__.update(state)
 
 
-class WaitsAsLoaded(Images):
+class WaitsAsLoaded(Sent):
     """Pickles, but its loading in a worker waits for ever (a ``__setstate__`` that waits on
     a server that never answers)."""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if os.environ.get("ASYNCLOADER_WORKER"):
+        if self.crossed(state):
             threading.Event().wait()
         self.__dict__.update(state)
 
@@ -346,3 +360,24 @@ class HoldsObjects:
         if self.structured:
             return np.array([(index, str(index))], dtype=[("n", "i8"), ("name", "O")])
         return np.array([index, str(index)], dtype=object)
+
+
+class RunsAJob:
+    """Item ``i`` is what a separate Python job prints, started by the dataset: the job reads
+    ``i``'s batches with a loader of its own, in worker processes (a preprocessing tool that
+    uses asyncloader, say)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> str:
+        job = (
+            "from asyncloader import DataLoader\n"
+            f"with DataLoader(list(range({index}, {index} + 4)), batch_size=2, cpu_processes=1)"
+            " as loader:\n"
+            "    print([[int(x) for x in batch] for batch in loader])\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", job], capture_output=True, text=True, timeout=60, check=False
+        )
+        return done.stdout.strip() or done.stderr.strip().splitlines()[-1]

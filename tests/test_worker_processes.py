@@ -1172,6 +1172,18 @@ def test_the_zygote_leaves_nothing_unclosed_at_its_exit(tmp_path: Any, env: dict
     assert result.stderr == "", result.stderr
 
 
+@pytest.mark.timeout(120)
+def test_a_job_that_a_worker_starts_may_start_worker_processes_of_its_own() -> None:
+    # The zygote marked its environment, to tell a script that builds its loader as it is
+    # imported. Every process a worker started inherited the mark: a separate job's loader
+    # with cpu_processes failed there, said to be a script without its main guard.
+    with ready(
+        DataLoader(proc_data.RunsAJob(), batch_size=2, collate_fn=list, cpu_processes=1)
+    ) as jobs:
+        (batch,) = list(jobs)
+    assert batch == ["[[0, 1], [2, 3]]", "[[1, 2], [3, 4]]"]
+
+
 async def test_an_async_epoch_on_the_callers_loop() -> None:
     async with DataLoader(proc_data.Images(10), batch_size=4, cpu_processes=1) as loader:
         got = [batch.shape async for batch in loader]
