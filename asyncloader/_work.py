@@ -19,6 +19,7 @@ import pickle
 import sys
 import weakref
 from collections.abc import Callable
+from types import FunctionType
 from typing import IO, Any, Final
 
 from ._shared import anonymous, tensor_reduction
@@ -46,6 +47,10 @@ def _unpicklable(value: object, path: str, depth: int = 0) -> str:
     return path
 
 
+class _Unfiled(TypeError):
+    """The work refers by name to what the main module defines, and no file holds it."""
+
+
 def _dump(
     work: Work, file: IO[bytes], buffer_callback: Callable[[pickle.PickleBuffer], Any]
 ) -> set[str]:
@@ -53,9 +58,12 @@ def _dump(
     it refers to.
 
     Raises:
-        TypeError: Part of it cannot be pickled; the message names the part and attribute.
+        TypeError: Part of it cannot be pickled, or refers by name to what the main module
+            defines where that module has no file; the message names the part and attribute,
+            or the name.
     """
     found: set[str] = set()
+    unfiled = getattr(sys.modules.get("__main__"), "__file__", None) is None
 
     class Recording(pickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
@@ -63,12 +71,22 @@ def _dump(
             for module in (getattr(obj, "__module__", None), kind.__module__):
                 if isinstance(module, str):
                     found.add(module)
+            if unfiled and isinstance(obj, type | FunctionType) and obj.__module__ == "__main__":
+                raise _Unfiled(
+                    f"cpu_processes: {obj.__qualname__} is defined in __main__, which no file "
+                    "holds (a notebook, the interactive interpreter, python -c): the worker "
+                    "processes find it by importing its module, and cannot import that one; "
+                    "define it in a module (a .py file) and import it from there, or use "
+                    "cpu_threads"
+                )
             # A tensor as the batches' are: out of band (shared, not loaded as a copy), of any
             # dtype (torch's own pickles of some cannot be loaded).
             return tensor_reduction(obj) or NotImplemented
 
     try:
         Recording(file, protocol=5, buffer_callback=buffer_callback).dump(work)
+    except _Unfiled:
+        raise
     except Exception as error:
         for name, value in (
             ("dataset", work.dataset),

@@ -1102,6 +1102,36 @@ def test_without_the_main_guard_it_gets_a_clear_error(tmp_path: Any) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_dataset_defined_where_no_file_holds_it_fails_at_construction() -> None:
+    # A notebook's cell, the REPL, `python -c`: the workers import the main module to find
+    # its classes, and that one has no file. The first batches (made on a thread while the
+    # workers start) came, then every other failed, "Can't get attribute 'Squares' on
+    # <module '__main__'>", with a warning that a worker "exited with code None".
+    result = _child(
+        """
+        import numpy as np
+
+        class Squares:
+            def __len__(self): return 8
+            def __getitem__(self, i): return np.array([i * i])
+
+        try:
+            DataLoader(Squares(), batch_size=4, cpu_processes=1)
+        except TypeError as error:
+            print(error)
+        loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
+        print([len(batch) for batch in loader])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    said, batches = result.stdout.strip().splitlines()
+    assert said.startswith("cpu_processes: Squares is defined in __main__, which no file"), said
+    assert "define it in a module" in said, said
+    assert batches == "[4, 4]"
+    assert result.stderr == "", result.stderr
+
+
+@pytest.mark.timeout(120)
 def test_a_script_whose_dataset_lives_in_a_module_needs_no_guard(tmp_path: Any) -> None:
     result = _script(
         tmp_path,
