@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -547,7 +548,18 @@ class DataLoader:
                 await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
             except Exception:
                 logger.exception("%s.aclose() failed", type(self._dataset).__name__)
-        self._stop_runtime(dataset_closed=True)
+        runtime, self._runtime = self._runtime, None
+        if runtime is None or runtime.pid != os.getpid():
+            return
+        # Off the caller's loop: stopping worker processes waits for them to exit (for a call
+        # of the user's code to return, or a while before a kill).
+        stop = functools.partial(runtime.close, run_closers=False)
+        try:
+            stopped = asyncio.get_running_loop().run_in_executor(None, stop)
+        except RuntimeError:  # the loop's executor is shut down: the loop is ending
+            stop()
+        else:
+            await stopped
 
     def _stop_runtime(self, dataset_closed: bool) -> None:
         runtime, self._runtime = self._runtime, None

@@ -853,6 +853,31 @@ def test_the_next_epoch_never_goes_to_a_worker_stopped_for_the_last(tmp_path: An
     assert [int(o[0, 0, 0, 0]) for o in outcomes] == [int(data[i][0, 0, 0]) for i in range(2)]
 
 
+async def test_aclose_stops_the_workers_without_holding_the_callers_loop(tmp_path: Any) -> None:
+    # aclose() stopped the worker processes on the caller's loop: a worker amid a call held
+    # every other coroutine of that loop up to 5 s (then it was killed), and one that exits at
+    # once still 40-180 ms (asyncio's debug mode names the step).
+    data = proc_data.Gated(8, str(tmp_path), gated=(5,))
+    loader = ready(DataLoader(data, batch_size=4, cpu_processes=1))
+    batches = aiter(loader)
+    await anext(batches)
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    for _ in range(3000):  # until item 5's batch is in the worker (its gate waits 30 s)
+        if procs.workers[0].held:
+            break
+        await asyncio.sleep(0.01)
+    closing = asyncio.create_task(loader.aclose())
+    for _ in range(100):  # the loop's own turns while the worker waits
+        if closing.done():
+            break
+        await asyncio.sleep(0.01)
+    assert not closing.done()  # still stopping the worker, and the loop went on meanwhile
+    (tmp_path / "5").touch()
+    await closing
+    assert loader._runtime is None
+
+
 def test_resume_with_processes_is_exact() -> None:
     assert_equal_output_after_checkpoint(
         lambda: DataLoader(
