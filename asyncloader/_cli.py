@@ -176,6 +176,11 @@ def suggestion(args: argparse.Namespace, stats: LoaderStats) -> str:
         return "none: no batch came"
     if stage != "fetch":  # a loop that only counts cannot be slower than the source
         return f"none: the loader kept ahead of this loop ({stage}-bound)"
+    if (args.tar or args.parquet) and 0 < stats.shards <= args.interleave:
+        return (
+            f"none of the loader's settings: all {stats.shards} shards were read at once "
+            f"(--interleave {args.interleave})"
+        )
     if args.tar or args.parquet:
         return f"--interleave {2 * args.interleave} (twice the shards read at once)"
     limit, peak = stats.requests_limit, stats.peak_in_flight

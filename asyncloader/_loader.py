@@ -245,13 +245,14 @@ class DataLoader:
         limit = self._settings.requests_in_flight if kind is None else 1  # a stream: a reader
         if self._work is not None and kind is None and not self._is_async:
             limit = self._settings.batch_tasks  # batches fetched whole in worker processes
-        interleave = getattr(dataset, "interleave", 0) if kind is not None else 0
+        interleave, shards = _shard_stream(dataset) if kind is not None else (0, 0)
         self._recorder = Recorder(
             limit,
             self._settings.cpu_threads,
             stream=kind is not None,
             processes=self._settings.cpu_processes,
-            interleave=interleave if type(interleave) is int else 0,  # a shard stream's
+            interleave=interleave,
+            shards=shards,
         )
         self._epoch = 0
         self._progress: Progress | None = None
@@ -593,6 +594,19 @@ class DataLoader:
             f"num_workers={s.num_workers}, item_concurrency={s.item_concurrency}, "
             f"prefetch_depth={s.prefetch_depth})"
         )
+
+
+def _shard_stream(dataset: object) -> tuple[int, int]:
+    """A shard stream's ``interleave`` and count of shards (``TarShards``,
+    ``ParquetShards``; 0 where it does not say); ``(0, 0)`` for any other stream."""
+    interleave = getattr(dataset, "interleave", 0)
+    if type(interleave) is not int:
+        return 0, 0
+    try:
+        shards = len(getattr(dataset, "shards", ()))
+    except TypeError:  # a stream's own `shards` attribute, of no length
+        shards = 0
+    return interleave, shards
 
 
 def _rebuilt(

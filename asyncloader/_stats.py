@@ -155,6 +155,7 @@ class LoaderStats:
         cpu_processes: Worker processes of the CPU stage (0: threads).
         interleave: Shards a shard stream (``TarShards``, ``ParquetShards``) reads at once;
             0 for any other dataset.
+        shards: The shards of a shard stream, of every rank; 0 for any other dataset.
     """
 
     fetch: StageStats = field(default_factory=StageStats)
@@ -179,6 +180,7 @@ class LoaderStats:
     transform_cpu_s: float = 0.0
     cpu_processes: int = 0
     interleave: int = 0
+    shards: int = 0
 
     def gil_bound(self) -> bool:
         """Whether the transform holds the GIL so that more threads cannot speed it up: it
@@ -215,6 +217,13 @@ class LoaderStats:
             ("collate", collate_busy),
             key=lambda pair: pair[1],
         )[0]
+        if stage == "fetch" and 0 < self.shards <= self.interleave:
+            return "fetch", (
+                f"the shards' reader takes {self.fetch.mean_s * 1000:.2f} ms a batch, and all "
+                f"{self.shards} shards are read at once (interleave={self.interleave}): their "
+                "storage or their parsing is the bound, and more interleave would open no "
+                "more; data in more shards can be read more at once"
+            )
         if stage == "fetch" and self.interleave:
             return "fetch", (
                 f"the shards' reader takes {self.fetch.mean_s * 1000:.2f} ms a batch from "
@@ -312,12 +321,14 @@ class Recorder:
         stream: bool = False,
         processes: int = 0,
         interleave: int = 0,
+        shards: int = 0,
     ) -> None:
         self.requests_limit = requests_limit
         self.cpu_threads = cpu_threads
         self.stream = stream
         self.processes = processes
         self.interleave = interleave
+        self.shards = shards
         self._lock = threading.Lock()
         self.reset()
 
@@ -509,4 +520,5 @@ class Recorder:
                 transform_cpu_s=self.transform_cpu,
                 cpu_processes=self.processes,
                 interleave=self.interleave,
+                shards=self.shards,
             )

@@ -155,6 +155,12 @@ def test_bench_reads_the_samples_of_tar_shards_in_a_folder(tmp_path: Path) -> No
     result = cli("bench", str(tmp_path), "--tar", "--interleave", "2", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert "suggested: --interleave 4 (twice the shards read at once)" in result.stdout
+    # All 3 shards open at once: more interleave could open no more (it suggested 8).
+    every = cli("bench", str(tmp_path), "--tar", "--interleave", "4", "--no-progress")
+    assert every.returncode == 0, every.stderr
+    assert "suggested: none of the loader's settings: all 3 shards were read at once" in (
+        every.stdout
+    )
     assert re.search(
         r"^60 samples in [\d.]+ s: [\d,]+ samples/s, ([\d.]+) MB/s", result.stdout, re.M
     )

@@ -208,12 +208,15 @@ def test_a_shard_stream_is_advised_on_its_interleave_not_to_store_shards(tmp_pat
 
     from .test_shards import shard_bytes
 
-    (tmp_path / "0.tar").write_bytes(shard_bytes(0))
-    shards = TarShards(FileDataset(["0.tar"], root=tmp_path), interleave=3)
+    names = [f"{shard}.tar" for shard in range(4)]
+    for shard, name in enumerate(names):
+        (tmp_path / name).write_bytes(shard_bytes(shard))
+    shards = TarShards(FileDataset(names, root=tmp_path), interleave=3)
     with DataLoader(shards, batch_size=2, collate_fn=list) as loader:
-        assert sum(len(batch) for batch in loader) == 7
+        assert sum(len(batch) for batch in loader) == 28
         stats = loader.stats()
     assert stats.interleave == 3
+    assert stats.shards == 4
     reader_bound = dataclasses.replace(
         stats,
         active_s=1.0,
@@ -227,6 +230,32 @@ def test_a_shard_stream_is_advised_on_its_interleave_not_to_store_shards(tmp_pat
     assert "store the data in shards" not in advice
     plain = dataclasses.replace(reader_bound, interleave=0)
     assert "store the data in shards" in plain.bottleneck()[1]
+
+
+def test_a_shard_stream_that_reads_all_its_shards_at_once_is_not_told_to_raise_interleave(
+    tmp_path: Any,
+) -> None:
+    # One shard read at interleave=3 was told to raise interleave (and `asyncloader bench`
+    # suggested --interleave 6): every shard was open already, and more could not be.
+    from asyncloader import FileDataset, TarShards
+
+    from .test_shards import shard_bytes
+
+    (tmp_path / "0.tar").write_bytes(shard_bytes(0))
+    shards = TarShards(FileDataset(["0.tar"], root=tmp_path), interleave=3)
+    with DataLoader(shards, batch_size=2, collate_fn=list) as loader:
+        assert sum(len(batch) for batch in loader) == 7
+        stats = loader.stats()
+    reader_bound = dataclasses.replace(
+        stats,
+        active_s=1.0,
+        fetch=StageStats(20, 0.9, 0.045, 0.04, 0.09),
+        consumer_wait=StageStats(20, 0.95, 0.05, 0.05, 0.06),
+    )
+    stage, advice = reader_bound.bottleneck()
+    assert stage == "fetch"
+    assert "raise interleave" not in advice
+    assert "all 1 shards are read at once (interleave=3)" in advice
 
 
 def test_the_report_names_a_transform_bound_loader() -> None:
