@@ -202,6 +202,16 @@ def test_a_stream_counts_one_pull_in_flight_and_only_its_own_time() -> None:
     assert "one reader pulls the stream" in stats.report()
 
 
+def _reader_bound(stats: LoaderStats) -> LoaderStats:
+    """``stats`` as a run whose consumer waited for a reader that was busy all the while."""
+    return dataclasses.replace(
+        stats,
+        active_s=1.0,
+        fetch=StageStats(20, 0.9, 0.045, 0.04, 0.09),
+        consumer_wait=StageStats(20, 0.95, 0.05, 0.05, 0.06),
+    )
+
+
 def test_a_shard_stream_is_advised_on_its_interleave_not_to_store_shards(tmp_path: Any) -> None:
     # A TarShards loader bound by its reader was told to "store the data in shards".
     from asyncloader import FileDataset, TarShards
@@ -217,12 +227,7 @@ def test_a_shard_stream_is_advised_on_its_interleave_not_to_store_shards(tmp_pat
         stats = loader.stats()
     assert stats.interleave == 3
     assert stats.shards == 4
-    reader_bound = dataclasses.replace(
-        stats,
-        active_s=1.0,
-        fetch=StageStats(20, 0.9, 0.045, 0.04, 0.09),
-        consumer_wait=StageStats(20, 0.95, 0.05, 0.05, 0.06),
-    )
+    reader_bound = _reader_bound(stats)
     stage, advice = reader_bound.bottleneck()
     assert stage == "fetch"
     assert "raise interleave" in advice
@@ -246,12 +251,7 @@ def test_a_shard_stream_that_reads_all_its_shards_at_once_is_not_told_to_raise_i
     with DataLoader(shards, batch_size=2, collate_fn=list) as loader:
         assert sum(len(batch) for batch in loader) == 7
         stats = loader.stats()
-    reader_bound = dataclasses.replace(
-        stats,
-        active_s=1.0,
-        fetch=StageStats(20, 0.9, 0.045, 0.04, 0.09),
-        consumer_wait=StageStats(20, 0.95, 0.05, 0.05, 0.06),
-    )
+    reader_bound = _reader_bound(stats)
     stage, advice = reader_bound.bottleneck()
     assert stage == "fetch"
     assert "raise interleave" not in advice
