@@ -35,12 +35,22 @@ def resolve_ranks(rank: object, world_size: object) -> tuple[int, int]:
     ``(0, 1)``.
 
     Raises:
-        ValueError: ``rank`` is not below ``world_size``, or either is negative.
+        ValueError: ``rank`` is not below ``world_size``, or either is negative; or
+            ``world_size`` above 1 is given without a rank, and neither ``torch.distributed``
+            nor the environment says one (every process would take rank 0, and read the
+            first share only).
     """
-    default = _from_torch() or _from_environment() or (0, 1)
+    found = _from_torch() or _from_environment()
+    default = found or (0, 1)
     resolved_world = default[1] if world_size is None else world_size
     resolved_rank = default[0] if rank is None else rank
     checked_world = check_int("world_size", resolved_world, 1)
+    if rank is None and found is None and checked_world > 1:
+        raise ValueError(
+            f"rank: world_size={checked_world} was given without a rank, and none is known "
+            "(torch.distributed is not initialised, and RANK is not set): pass each "
+            "process's rank=, or leave both to torchrun's environment"
+        )
     checked_rank = check_int("rank", resolved_rank, 0)
     if checked_rank >= checked_world:
         raise ValueError(f"rank must be below world_size={checked_world}, got {checked_rank}")

@@ -103,7 +103,8 @@ class DataLoader:
         pin_memory: Pin torch batches: their tensors, and values with a ``pin_memory()``
             method, as torch pins them (a no-op with a warning when CUDA is absent).
         rank: This process's rank; by default ``torch.distributed``'s when it is initialised,
-            else ``RANK`` from the environment (torchrun sets it), else 0.
+            else ``RANK`` from the environment (torchrun sets it), else 0 (a ``ValueError``
+            where ``world_size`` above 1 is given: each process must know its own).
         world_size: The number of ranks, found the same way (else 1). With more than one
             rank and no ``sampler``, each rank reads its share through a
             :class:`DistributedSampler` (``shuffle``, ``seed`` and ``drop_last`` passed on).

@@ -252,6 +252,24 @@ def test_rank_and_world_size_default_to_torchruns_environment(
         DataLoader(SyncData(10))
 
 
+def test_a_world_size_given_without_a_rank_that_nothing_says_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # world_size=2 with no rank given, no process group and no RANK (mpirun or srun without
+    # torchrun): every process took rank 0, so each read the first share and the second went
+    # unread. torch's DistributedSampler(num_replicas=2) refuses to guess the rank.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"^rank: world_size=2 was given without a rank"):
+        DataLoader(SyncData(10), batch_size=2, world_size=2)
+    alone = DataLoader(SyncData(10), batch_size=2, world_size=1)
+    assert (alone.rank, alone.world_size) == (0, 1)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    found = DataLoader(SyncData(10), batch_size=2, world_size=2)
+    assert (found.rank, found.world_size) == (1, 2)
+
+
 def test_ranks_left_to_the_environment_are_read_again_before_each_epoch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
