@@ -39,7 +39,7 @@ from ._pool import priority
 from ._shared import Discard, Mapped
 from ._stats import Tally
 from ._work import PickledWork
-from ._worker import ErrorPayload, Job
+from ._worker import ErrorPayload, Job, message
 from ._zygote import Zygote
 
 logger = logging.getLogger("asyncloader")
@@ -208,13 +208,13 @@ class _Worker:
                 if task is None:
                     break
                 try:
-                    message = pickle.dumps((task.number, task.job), protocol=5)
+                    sent = message((task.number, task.job))
                 except Exception as error:  # items that cannot cross
                     pool.done(self, None)
                     task.resolve(None, _unsendable(error))
                     continue
-                self.conn.send_bytes(message)
-                del message, task
+                self.conn.send_bytes(sent)
+                del sent, task
             if not self.dead:
                 self.conn.send_bytes(pickle.dumps(None))  # stop
         except OSError:  # the worker is gone: the receiving thread fails what it held
