@@ -24,7 +24,7 @@ from typing import IO, Any, Final
 
 from ._shared import anonymous, tensor_reduction
 from ._worker import Layout, Work
-from ._zygote import importing_main
+from ._zygote import importing_main, main_source
 
 _SEALS: Final = (
     getattr(fcntl, "F_SEAL_WRITE", 0)
@@ -48,7 +48,7 @@ def _unpicklable(value: object, path: str, depth: int = 0) -> str:
 
 
 class _Unfiled(TypeError):
-    """The work refers by name to what the main module defines, and no file holds it."""
+    """The work refers by name to what the main module defines, and no worker can import it."""
 
 
 def _dump(
@@ -63,7 +63,7 @@ def _dump(
             or the name.
     """
     found: set[str] = set()
-    unfiled = getattr(sys.modules.get("__main__"), "__file__", None) is None
+    unfiled = main_source() is None
 
     class Recording(pickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
@@ -73,11 +73,11 @@ def _dump(
                     found.add(module)
             if unfiled and isinstance(obj, type | FunctionType) and obj.__module__ == "__main__":
                 raise _Unfiled(
-                    f"cpu_processes: {obj.__qualname__} is defined in __main__, which no file "
-                    "holds (a notebook, the interactive interpreter, python -c): the worker "
-                    "processes find it by importing its module, and cannot import that one; "
-                    "define it in a module (a .py file) and import it from there, or use "
-                    "cpu_threads"
+                    f"cpu_processes: {obj.__qualname__} is defined in __main__, which a "
+                    "worker process cannot import to find it: no file holds it (a notebook, "
+                    "the interactive interpreter, python -c), or it is a package's "
+                    "__main__.py, whose code runs whole when imported; define it in a module "
+                    "(a .py file) and import it from there, or use cpu_threads"
                 )
             # A tensor as the batches' are: out of band (shared, not loaded as a copy), of any
             # dtype (torch's own pickles of some cannot be loaded).

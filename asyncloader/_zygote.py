@@ -51,12 +51,44 @@ def importing_main() -> bool:
     return _Main.importing
 
 
-def _import_main(path: str) -> None:
-    from multiprocessing import spawn
+MainSource = tuple[str, str]
+"""How a fresh interpreter imports the loader's main module: ``("name", module)`` or
+``("path", file)``."""
 
+
+def main_source() -> MainSource | None:
+    """How a fresh interpreter imports this process's main module again, as
+    ``multiprocessing`` does: by the name it was run under (``python -m job.train``, whose
+    relative imports need its package), else by its file. ``None`` where it cannot: no file
+    holds it (a notebook, the interactive interpreter, ``python -c``), or it is a package's
+    ``__main__.py``, whose code runs whole when imported."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if isinstance(name, str):
+        if name == "__main__" or name.endswith(".__main__"):
+            return None
+        return "name", name
+    if isinstance(path, str) and os.path.basename(path) != "__main__.py":
+        return "path", path
+    return None
+
+
+def _import_main(source: MainSource) -> None:
+    how, where = source
     _Main.importing = True
     try:
-        spawn.import_main_path(path)
+        if how == "path":
+            from multiprocessing import spawn
+
+            spawn.import_main_path(where)
+        else:  # as multiprocessing's spawn does for a module run with -m
+            import runpy
+            import types
+
+            module = types.ModuleType("__mp_main__")
+            module.__dict__.update(runpy.run_module(where, run_name="__mp_main__", alter_sys=True))
+            sys.modules["__main__"] = sys.modules["__mp_main__"] = module
     finally:
         _Main.importing = False
 
@@ -161,7 +193,7 @@ class Zygote:
 
     def __init__(self, modules: list[str], main: bool, work: int, layout: Layout) -> None:
         ours, theirs = socket.socketpair()
-        main_path = getattr(sys.modules["__main__"], "__file__", None) if main else None
+        source = main_source() if main else None
         environment = {**os.environ, **_ONE_THREAD}
         self.process = subprocess.Popen(
             _python("main"),
@@ -176,7 +208,7 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
-        self._conn.send_bytes(pickle.dumps((modules, main_path, work, layout)))
+        self._conn.send_bytes(pickle.dumps((modules, source, work, layout)))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
 
@@ -293,10 +325,14 @@ def _serve(conn: Connection, work: Work | None, memory: _Memory) -> None:
 
 
 def _fork(
-    main_path: str | None, fd: int, inherited: list[int], work: Work | None, memory: _Memory
+    source: MainSource | None,
+    fd: int,
+    inherited: list[int],
+    work: Work | None,
+    memory: _Memory,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        alone = pickle.dumps((fd, main_path, *memory)).hex()
+        alone = pickle.dumps((fd, source, *memory)).hex()
         return subprocess.Popen(
             _python("alone"),
             pass_fds=[fd, memory[0]],
@@ -333,11 +369,11 @@ def main() -> None:
 
 def _zygote(sock: socket.socket, conn: Connection) -> None:
     try:
-        modules, main_path, *memory = pickle.loads(conn.recv_bytes())
+        modules, source, *memory = pickle.loads(conn.recv_bytes())
         work: Work | None = None
         try:
-            if main_path is not None:
-                _import_main(main_path)
+            if source is not None:
+                _import_main(source)
             for name in modules:
                 importlib.import_module(name)
             work = _load_shared((memory[0], memory[1]))
@@ -361,7 +397,7 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork(main_path, fds[0], inherited, work, (memory[0], memory[1]))
+                pid = _fork(source, fds[0], inherited, work, (memory[0], memory[1]))
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
                 _reap(conn)  # a child that ended before its handler was set
@@ -373,7 +409,7 @@ def alone() -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fd, main_path, memory, layout = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
-    if main_path is not None:
-        _import_main(main_path)
+    fd, source, memory, layout = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
+    if source is not None:
+        _import_main(source)
     _serve(Connection(fd), None, (memory, layout))

@@ -1150,10 +1150,77 @@ def test_a_dataset_defined_where_no_file_holds_it_fails_at_construction() -> Non
     )
     assert result.returncode == 0, result.stderr
     said, batches = result.stdout.strip().splitlines()
-    assert said.startswith("cpu_processes: Squares is defined in __main__, which no file"), said
+    assert said.startswith("cpu_processes: Squares is defined in __main__, which"), said
+    assert "no file holds it" in said
     assert "define it in a module" in said, said
     assert batches == "[4, 4]"
     assert result.stderr == "", result.stderr
+
+
+PACKAGE_MAIN = """
+import numpy as np
+from asyncloader import DataLoader
+from .helpers import square
+
+class Squares:  # defined in the module run with -m: the workers must import it
+    def __len__(self): return 8
+    def __getitem__(self, i): return np.array([square(i)])
+
+def epochs():
+    try:
+        loader = DataLoader(Squares(), batch_size=4, cpu_processes=1)
+    except TypeError as error:
+        print("refused:", error)
+        return
+    assert loader._runtime_here().procs.wait_ready(30)
+    print([batch.ravel().tolist() for batch in loader])
+    loader.close()
+
+if __name__ == "__main__":
+    epochs()
+"""
+
+
+def _package(tmp_path: Any, main: str) -> subprocess.CompletedProcess[str]:
+    """``python -m`` of module ``main`` of a package whose modules import each other."""
+    package = tmp_path / "job"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("def square(i):\n    return i * i\n")
+    (package / f"{main}.py").write_text(PACKAGE_MAIN)
+    module = "job" if main == "__main__" else f"job.{main}"
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_module_run_with_python_m_is_imported_by_its_name(tmp_path: Any) -> None:
+    # `python -m job.train`, the dataset defined in train.py, which imports `.helpers`: the
+    # zygote imported the main module by its path, where a relative import has no package,
+    # and every batch failed (after the first, made on a thread) "attempted relative import
+    # with no known parent package". multiprocessing imports such a module by its name.
+    result = _package(tmp_path, "train")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49]]"
+    assert result.stderr == "", result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_dataset_defined_in_a_packages_main_fails_at_construction(tmp_path: Any) -> None:
+    # `python -m job`, the dataset defined in job/__main__.py: importing it runs the
+    # package's main code (no guard there is its own), so no worker can find the class
+    # (multiprocessing does not import such a file either).
+    result = _package(tmp_path, "__main__")
+    assert result.returncode == 0, result.stderr
+    said = result.stdout.strip()
+    assert said.startswith("refused: cpu_processes: Squares is defined in __main__, which"), said
+    assert "define it in a module" in said
 
 
 @pytest.mark.timeout(120)
