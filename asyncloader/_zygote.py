@@ -208,7 +208,9 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
-        self._conn.send_bytes(pickle.dumps((modules, source, work, layout)))
+        # sys.argv too, as multiprocessing gives its processes: a script that parses its
+        # options as it is imported gets the same ones.
+        self._conn.send_bytes(pickle.dumps((modules, source, sys.argv, work, layout)))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
 
@@ -332,7 +334,7 @@ def _fork(
     memory: _Memory,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        alone = pickle.dumps((fd, source, *memory)).hex()
+        alone = pickle.dumps((fd, source, sys.argv, *memory)).hex()
         return subprocess.Popen(
             _python("alone"),
             pass_fds=[fd, memory[0]],
@@ -369,7 +371,7 @@ def main() -> None:
 
 def _zygote(sock: socket.socket, conn: Connection) -> None:
     try:
-        modules, source, *memory = pickle.loads(conn.recv_bytes())
+        modules, source, sys.argv, *memory = pickle.loads(conn.recv_bytes())
         work: Work | None = None
         try:
             if source is not None:
@@ -409,7 +411,8 @@ def alone() -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fd, source, memory, layout = pickle.loads(bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE")))
+    payload = bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE"))
+    fd, source, sys.argv, memory, layout = pickle.loads(payload)
     if source is not None:
         _import_main(source)
     _serve(Connection(fd), None, (memory, layout))

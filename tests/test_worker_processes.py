@@ -1092,12 +1092,19 @@ GUARDED_SCRIPT = SCRIPT_DATASET + "if __name__ == '__main__':\n    epochs()\n"
 
 
 def _script(
-    tmp_path: Any, text: str, *flags: str, env: dict[str, str] | None = None
+    tmp_path: Any,
+    text: str,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    after: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """``text`` run as a script, with the interpreter's ``flags`` (the script's own
+    arguments with ``after``)."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(text))
+    command = [str(script), *flags] if after else [*flags, str(script)]
     return subprocess.run(
-        [sys.executable, *flags, str(script)],
+        [sys.executable, *command],
         capture_output=True,
         text=True,
         timeout=60,
@@ -1111,6 +1118,38 @@ def test_a_script_defining_its_dataset_runs_under_the_main_guard(tmp_path: Any) 
     result = _script(tmp_path, GUARDED_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[[0, 1, 4, 9], [16, 25, 36, 49]]"
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_parses_its_arguments_as_it_is_imported_gets_the_same_ones(
+    tmp_path: Any,
+) -> None:
+    # The zygote imported the script with sys.argv ['-c']: a script that parses its options
+    # at import (outside its main guard) exited there (a required option missing), and
+    # every batch failed, or ran with its defaults, not the options given. multiprocessing
+    # gives the processes it starts the parent's sys.argv.
+    script = """
+    import argparse
+    import numpy as np
+    from asyncloader import DataLoader
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=int, required=True)
+    ARGS = parser.parse_args()
+
+    class Scaled:
+        def __len__(self): return 4
+        def __getitem__(self, i): return np.array([i * ARGS.scale])
+
+    if __name__ == "__main__":
+        with DataLoader(Scaled(), batch_size=2, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30)
+            print([batch.ravel().tolist() for batch in loader])
+    """
+    result = _script(tmp_path, script, "--scale", "3", after=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[[0, 3], [6, 9]]"
+    assert result.stderr == "", result.stderr
 
 
 @pytest.mark.timeout(120)
