@@ -290,7 +290,7 @@ class _Worker:
         if self.retired:
             reason = "was stopped by the loader, its epoch abandoned"
             logger.debug("asyncloader worker process %d %s", self.number, reason)
-        elif held or not self.ready:
+        elif held and self.ready:  # one that could not start: broke() says why, once
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:  # it could not even start: a new one would fare no better
             zygote = pool.zygote
@@ -491,10 +491,12 @@ class ProcessPool:
         """No worker can run the work: fail every job, now and later, with the first such
         ``error`` (the one that says why; ``start_failed``: a process could not be started);
         return it."""
+        first = False
         with self._changed:
             if self._broken is None:
                 self._broken = error
                 self._start_failed = start_failed
+                first = True
             error = self._broken
             self._ready.set()  # nothing to wait for
             queued, self._queue = self._queue, []
@@ -503,6 +505,15 @@ class ProcessPool:
             self._changed.notify_all()
         for _, _, task in queued:
             task.resolve(None, error)
+        if first:
+            logger.warning(
+                "asyncloader: %s: %s: %s",
+                "no new worker process could start, and every batch fails until the next epoch"
+                if start_failed
+                else "the worker processes cannot run the work, and every batch fails",
+                type(error).__name__,
+                str(error).split("\n", 1)[0],
+            )
         return error
 
     def started(self) -> None:

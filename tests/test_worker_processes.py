@@ -681,12 +681,23 @@ def test_what_cannot_cross_fails_every_batch_also_those_made_as_the_workers_star
         assert said in str(outcome)
 
 
-def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why() -> None:
-    with ready(DataLoader(proc_data.LoadsOnlyHere(8), batch_size=4, cpu_processes=2)) as loader:
-        for outcome in run_epoch(loader) + run_epoch(loader):
-            assert isinstance(outcome, ValueError)
-            assert str(outcome).startswith("this dataset cannot be loaded in a worker")
-            assert "__setstate__" in str(outcome)  # the worker's traceback
+def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The log said "asyncloader worker process 0 exited with code None", and the same of
+    # process 1: neither was ever forked, and their server had said why.
+    with caplog.at_level("WARNING", logger="asyncloader"):
+        loader = ready(DataLoader(proc_data.LoadsOnlyHere(8), batch_size=4, cpu_processes=2))
+        with loader:
+            for outcome in run_epoch(loader) + run_epoch(loader):
+                assert isinstance(outcome, ValueError)
+                assert str(outcome).startswith("this dataset cannot be loaded in a worker")
+                assert "__setstate__" in str(outcome)  # the worker's traceback
+    said = [record.getMessage() for record in caplog.records]
+    assert said == [
+        "asyncloader: the worker processes cannot run the work, and every batch fails: "
+        "ValueError: this dataset cannot be loaded in a worker"
+    ]
 
 
 @pytest.mark.parametrize(
