@@ -59,8 +59,8 @@ def _dump(
 
     Raises:
         TypeError: Part of it cannot be pickled, or refers by name to what the main module
-            defines where that module has no file; the message names the part and attribute,
-            or the name.
+            defines where no worker can import that module; the message names the part and
+            attribute, or the name.
     """
     found: set[str] = set()
     unfiled = main_source() is None

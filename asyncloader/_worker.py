@@ -203,8 +203,8 @@ def reseed() -> None:
 
 def message(value: object) -> memoryview:
     """``value`` pickled for the socket between the loader and a worker. Through a file, not
-    ``pickle.dumps``: a job of a batch's samples (64 of 100 KB) took 5.4 ms to pickle by
-    ``dumps``, the GIL held, and 0.3 ms so."""
+    ``pickle.dumps``, which takes many times longer over a large value, the GIL held
+    (docs/processes.md has the figures)."""
     stream = io.BytesIO()
     pickle.Pickler(stream, protocol=5).dump(value)
     return stream.getbuffer()
