@@ -505,12 +505,10 @@ class ProcessPool:
             self._changed.notify_all()
         for _, _, task in queued:
             task.resolve(None, error)
-        if first:
+        if first and not start_failed:  # (a start fails at exit too: its batches say so)
             logger.warning(
-                "asyncloader: %s: %s: %s",
-                "no new worker process could start, and every batch fails until the next epoch"
-                if start_failed
-                else "the worker processes cannot run the work, and every batch fails",
+                "asyncloader: the worker processes cannot run the work, and every batch "
+                "fails: %s: %s",
                 type(error).__name__,
                 str(error).split("\n", 1)[0],
             )
