@@ -26,6 +26,7 @@ from ._driver import EpochBatches, drive
 from ._epoch import EpochContext
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._interrupt import interrupt_after
+from ._pool import Jobs, epoch_jobs
 from ._runtime import Runtime
 from ._state import Progress
 from ._stopped import escaped
@@ -135,11 +136,16 @@ class DirectIterator:
 
 
 async def _run_epoch(
-    context: EpochContext, batches: EpochBatches, handoff: ThreadHandoff, finished: threading.Event
+    context: EpochContext,
+    batches: EpochBatches,
+    handoff: ThreadHandoff,
+    finished: threading.Event,
+    jobs: Jobs,
 ) -> None:
     task = asyncio.current_task()
     assert task is not None
     _keep(task)
+    epoch_jobs.set(jobs)  # in this task's context, and so in every job it submits
     try:
         await drive(context, batches, handoff)
     finally:
@@ -170,8 +176,9 @@ class ThreadedIterator:
         self._handoff = ThreadHandoff(window, loop_thread.loop)
         self._pid = os.getpid()
         self._finished = threading.Event()
+        self._jobs = Jobs()
         self._future = loop_thread.submit(
-            _run_epoch, context, batches, self._handoff, self._finished
+            _run_epoch, context, batches, self._handoff, self._finished, self._jobs
         )
         self._open = True
         self._recorder.epoch_started()
@@ -210,7 +217,8 @@ class ThreadedIterator:
         return _unwrap(value, self._with_indices)
 
     def close(self) -> None:
-        """Cancel the epoch and wait (at most 5 s) until no thread runs the dataset's code."""
+        """Cancel the epoch and wait (at most 5 s) until none of its jobs runs the dataset's
+        code (another epoch's may)."""
         self._cancel(wait=True)
 
     def _cancel(self, wait: bool) -> None:
@@ -229,9 +237,9 @@ class ThreadedIterator:
             if wait and not self._runtime.runs_here():  # its own threads cannot wait for it
                 deadline = time.monotonic() + CANCEL_WAIT_S
                 self._finished.wait(CANCEL_WAIT_S)
-                self._runtime.wait_idle(max(0.0, deadline - time.monotonic()))
+                self._jobs.wait_idle(max(0.0, deadline - time.monotonic()))
         finally:  # Ctrl-C during the wait: what it waited for is left at once, as without it
-            self._runtime.retire_busy_pools()
+            self._runtime.retire_busy_pools(self._jobs)
 
     def __del__(self) -> None:
         try:

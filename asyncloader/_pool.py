@@ -2,9 +2,10 @@
 
 ``concurrent.futures.ThreadPoolExecutor`` joins its workers at exit, so a dataset whose
 ``__getitem__`` never returns would hang the process. This pool's threads are daemons, are
-started lazily up to ``max_threads``, hold no reference to the pool (so a forgotten pool is
-collected), and can be waited on until idle, which is how an abandoned epoch proves that no
-thread still runs the user's code.
+started lazily up to ``max_threads``, and hold no reference to the pool (so a forgotten pool
+is collected). Each job counts in the :class:`Jobs` of its epoch too (:data:`epoch_jobs`),
+which is how an abandoned epoch proves that none of its jobs still runs the user's code,
+whatever another epoch of the same loader runs.
 
 At exit the jobs still queued are dropped and the running ones are given a few seconds to
 return (:func:`_finish_at_exit`): a daemon thread still running as the interpreter finalizes
@@ -45,8 +46,10 @@ _Job = tuple[
     tuple[Any, ...],
     asyncio.AbstractEventLoop | None,
     asyncio.Future[Any] | None,
+    "Jobs | None",
 ]
-"""A job: its function and arguments, and where its result goes (``None``: submitted)."""
+"""A job: its function and arguments, where its result goes (``None``: submitted), and the
+jobs of the epoch it is part of, if any."""
 _Entry = tuple[float, int, _Job | None]
 
 priority: contextvars.ContextVar[int] = contextvars.ContextVar("asyncloader_priority", default=0)
@@ -54,8 +57,9 @@ priority: contextvars.ContextVar[int] = contextvars.ContextVar("asyncloader_prio
 batch's position in the epoch, so the batch the consumer waits for gets the threads first."""
 
 
-class _Counter:
-    """The number of jobs submitted and not yet finished, with a wait for zero."""
+class Jobs:
+    """The number of jobs submitted and not yet finished, with a wait for none: a pool's, or
+    one epoch's, in every pool (threads and worker processes)."""
 
     def __init__(self) -> None:
         self.busy = 0
@@ -67,6 +71,19 @@ class _Counter:
             if self.busy == 0:
                 self.idle.notify_all()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until none is queued or running; return whether that happened in time."""
+        with self.idle:
+            return self.idle.wait_for(lambda: self.busy == 0, timeout)
+
+
+epoch_jobs: contextvars.ContextVar[Jobs | None] = contextvars.ContextVar(
+    "asyncloader_epoch_jobs", default=None
+)
+"""The jobs of the epoch whose code runs: its driver sets it, and every job submitted from it
+(the pools copy the context into their jobs) counts there as well as in its pool. An epoch
+that ends waits for its own jobs, not for those of another epoch of the same loader."""
+
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():  # cancelled while the job ran
@@ -77,12 +94,12 @@ def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_exception(error)
 
 
-def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Counter) -> None:
+def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: Jobs) -> None:
     while True:
         job = jobs.get()[2]
         if job is None:
             return
-        fn, args, loop, future = job
+        fn, args, loop, future, epoch = job
         del job  # so the user's objects are not kept alive by an idle thread
         if future is None:  # submitted: the job reports its own outcome
             try:
@@ -103,6 +120,9 @@ def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: _Cou
             del result, error
         del fn, args, loop, future
         counter.add(-1)
+        if epoch is not None:
+            epoch.add(-1)
+        del epoch
         ready.release()
 
 
@@ -121,7 +141,7 @@ class ThreadPool:
         self._jobs: PriorityQueue[_Entry] = PriorityQueue()
         self._order = itertools.count()  # FIFO among jobs of the same priority
         self._ready = threading.Semaphore(0)
-        self._counter = _Counter()
+        self._counter = Jobs()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -162,9 +182,12 @@ class ThreadPool:
         if self._closed:
             raise RuntimeError(f"{self.name} pool is shut down")
         self._counter.add(1)
+        epoch = epoch_jobs.get()
+        if epoch is not None:
+            epoch.add(1)
         # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
         # datasets find the epoch's statistics in it.
-        job = (contextvars.copy_context().run, (fn, *args), loop, future)
+        job = (contextvars.copy_context().run, (fn, *args), loop, future, epoch)
         entry = (priority.get(), next(self._order), job)
         self._jobs.put(entry)
         # A thread that finished a job released `_ready`: reuse it before starting another.
@@ -204,6 +227,9 @@ class ThreadPool:
                 self._jobs.put(queued)
         if found:
             self._counter.add(-1)
+            withdrawn = entry[2]
+            if withdrawn is not None and withdrawn[4] is not None:
+                withdrawn[4].add(-1)
         return found
 
     def _start_thread(self) -> None:
@@ -242,11 +268,6 @@ class ThreadPool:
         """Whether a job is queued or running."""
         return self._counter.busy > 0
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no job is queued or running; return whether that happened in time."""
-        with self._counter.idle:
-            return self._counter.idle.wait_for(lambda: self._counter.busy == 0, timeout)
-
     def shutdown(self, wait: bool = True) -> None:
         """Stop the threads once their queued jobs are done; with ``wait``, join them (bounded).
 
@@ -280,7 +301,9 @@ class ThreadPool:
             job = self._jobs.get_nowait()[2]
             if job is not None:
                 dropped += 1
-                loop, future = job[2], job[3]
+                loop, future, epoch = job[2], job[3], job[4]
+                if epoch is not None:
+                    epoch.add(-1)
                 if future is not None and loop is not None:
                     with contextlib.suppress(RuntimeError):  # its loop is closed
                         loop.call_soon_threadsafe(future.cancel)

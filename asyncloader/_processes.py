@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
-from ._pool import priority
+from ._pool import Jobs, epoch_jobs, priority
 from ._shared import Discard, Mapped
 from ._stats import Tally
 from ._work import PickledWork
@@ -112,7 +112,7 @@ class Reply:
 
 
 class _Task:
-    __slots__ = ("future", "job", "loop", "number")
+    __slots__ = ("epoch", "future", "job", "loop", "number")
 
     def __init__(
         self, job: Job, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Reply]
@@ -120,6 +120,8 @@ class _Task:
         self.job, self.loop, self.future = job, loop, future
         self.number = 0
         """The job's number, unique in its pool: its worker's answer carries it back."""
+        self.epoch = epoch_jobs.get()
+        """The jobs of the epoch it is part of, if any, where it counts until settled."""
 
     def resolve(self, reply: Reply | None, error: BaseException | None = None) -> None:
         def settle() -> None:
@@ -426,6 +428,8 @@ class ProcessPool:
             task.number = next(self._order)
             heapq.heappush(self._queue, (priority.get(), task.number, task))
             self._busy += 1
+            if task.epoch is not None:
+                task.epoch.add(1)
             self._changed.notify()
         return await future
 
@@ -438,7 +442,7 @@ class ProcessPool:
                 while self._queue and len(worker.held) < DEPTH:
                     task = heapq.heappop(self._queue)[2]
                     if task.future.cancelled():  # its epoch ended: never sent
-                        self._settle_locked()
+                        self._settle_locked(task)
                         continue
                     worker.held.append(task)
                     return task
@@ -454,12 +458,14 @@ class ProcessPool:
         """``worker`` answered its oldest job (or, with ``None``, could not send it)."""
         with self._changed:
             task = worker.held.popleft() if answered else worker.held.pop()
-            self._settle_locked()
+            self._settle_locked(task)
             self._changed.notify_all()
             return task
 
-    def _settle_locked(self) -> None:
+    def _settle_locked(self, task: _Task) -> None:
         self._busy -= 1
+        if task.epoch is not None:
+            task.epoch.add(-1)
         if self._busy == 0:
             self._changed.notify_all()
 
@@ -469,8 +475,8 @@ class ProcessPool:
             worker.dead = True
             held = list(worker.held)
             worker.held.clear()
-            for _ in held:
-                self._settle_locked()
+            for task in held:
+                self._settle_locked(task)
             self._changed.notify_all()
             return held
 
@@ -500,8 +506,8 @@ class ProcessPool:
             error = self._broken
             self._ready.set()  # nothing to wait for
             queued, self._queue = self._queue, []
-            for _ in queued:
-                self._settle_locked()
+            for _, _, task in queued:
+                self._settle_locked(task)
             self._changed.notify_all()
         for _, _, task in queued:
             task.resolve(None, error)
@@ -557,16 +563,12 @@ class ProcessPool:
         """Whether a job is queued or held by a worker."""
         return self._busy > 0
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no job is queued or held; return whether that happened in time."""
+    def retire_busy(self, epoch: Jobs) -> None:
+        """Kill the workers still running a job of the abandoned epoch whose jobs are
+        ``epoch`` (a call that never returns); each is replaced. A worker running another
+        epoch's job is left to it."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._busy == 0, timeout)
-
-    def retire_busy(self) -> None:
-        """Kill the workers still running jobs of an abandoned epoch (a call that never
-        returns); each is replaced."""
-        with self._changed:
-            stuck = [worker for worker in self.workers if worker.held]
+            stuck = [w for w in self.workers if w.held and w.held[0].epoch is epoch]
             for worker in stuck:  # it takes no job more: one of the next epoch's would fail
                 worker.retired = True
             self._changed.notify_all()
@@ -581,7 +583,8 @@ class ProcessPool:
                 return
             self.closing = True
             queued, self._queue = self._queue, []
-            self._busy -= len(queued)
+            for _, _, task in queued:
+                self._settle_locked(task)
             self._changed.notify_all()
             starter = self._starter
         if starter is not None and starter is not threading.current_thread():

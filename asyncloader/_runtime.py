@@ -13,14 +13,13 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ._loop_thread import LoopThread
-from ._pool import ThreadPool
+from ._pool import Jobs, ThreadPool
 from ._processes import ProcessPool
 from ._work import PickledWork
 
@@ -160,27 +159,17 @@ class Runtime:
             return True
         return any(pool is not None and pool.owns(current) for pool in (parts.cpu, parts.io))
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no pool (nor worker process) runs a job; return whether that happened
-        within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        pools: list[ThreadPool | ProcessPool | None] = [
-            self._parts.cpu,
-            self._parts.io,
-            self._parts.procs,
-        ]
-        return all(
-            pool.wait_idle(max(0.0, deadline - time.monotonic()))
-            for pool in pools
-            if pool is not None
-        )
-
-    def retire_busy_pools(self) -> None:
-        """Replace the pools that still run jobs of an abandoned epoch.
+    def retire_busy_pools(self, epoch: Jobs) -> None:
+        """Replace the pools that still run jobs of the abandoned epoch whose jobs are
+        ``epoch``.
 
         A dataset call that never returns holds its thread for good; the next epoch gets fresh
-        threads instead of queueing behind it. The old threads exit when their call returns.
+        threads instead of queueing behind it. The old threads exit when their call returns,
+        once they have run the jobs queued to them (another epoch's, if one is open). A worker
+        process is killed and replaced only if it runs one of ``epoch``'s jobs.
         """
+        if epoch.busy == 0:
+            return
         parts = self._parts
         if parts.cpu is not None and parts.cpu.busy:
             parts.cpu.shutdown(wait=False)
@@ -189,7 +178,7 @@ class Runtime:
             parts.io.shutdown(wait=False)
             parts.io = None
         if parts.procs is not None and parts.procs.busy:
-            parts.procs.retire_busy()  # killed, and replaced
+            parts.procs.retire_busy(epoch)  # killed, and replaced
 
     def close(self, run_closers: bool = True) -> None:
         """Run the closers on the loop thread (unless the caller already closed the dataset),

@@ -507,3 +507,46 @@ def test_without_uvloop_the_loaders_thread_runs_asyncios_own_loop() -> None:
     assert said["resumed"] == [16, 17, 18, 19]
     assert said["http"] == 64
     assert said["stream"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_closing_one_iterator_leaves_the_jobs_of_another_alone(
+    tmp_path: Any, processes: bool
+) -> None:
+    # Closing an iterator waited (up to 5 s) until no job of the loader ran, then retired the
+    # pools still busy: those of another iterator of the same loader, open at the same time
+    # (one dropped mid-epoch and collected later, say). Its threads were replaced, and its
+    # worker processes killed, failing its batches: "stopped by the loader, its epoch
+    # abandoned". The closing iterator waits for its own jobs only.
+    from . import proc_data
+
+    data = proc_data.Gated(4, str(tmp_path), gated=(3,))
+    settings: dict[str, Any] = {"cpu_processes": 1} if processes else {"cpu_threads": 1}
+    with DataLoader(data, batch_size=1, num_workers=1, **settings) as loader:
+        started = loader._runtime_here().procs
+        assert started is None or started.wait_ready(30.0)  # every batch then goes to it
+        (tmp_path / "3").touch()
+        first = iter(loader)
+        assert [int(next(first)[0, 0, 0, 0]) for _ in range(4)] == [
+            int(data[i][0, 0, 0]) for i in range(4)
+        ]  # its epoch read whole, but still open
+        (tmp_path / "3").unlink()
+        second = iter(loader)
+        taken = [next(second) for _ in range(3)]
+        runtime = loader._runtime_here()
+        pools = (runtime._parts.cpu, runtime._parts.io)
+        procs = runtime.procs if processes else None
+        for _ in range(3000):  # until item 3's call runs (its gate waits 30 s)
+            if procs is not None and procs.workers and procs.workers[0].held:
+                break
+            if procs is None and any(pool is not None and pool.busy for pool in pools):
+                break
+            threading.Event().wait(0.01)
+        first.close()
+        assert (runtime._parts.cpu, runtime._parts.io) == pools  # the second's, not replaced
+        (tmp_path / "3").touch()
+        last = next(second)
+        assert int(last[0, 0, 0, 0]) == int(data[3][0, 0, 0])
+        assert len(taken) == 3
+        with pytest.raises(StopIteration):
+            next(second)
