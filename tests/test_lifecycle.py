@@ -542,7 +542,7 @@ def test_closing_one_iterator_leaves_the_jobs_of_another_alone(
             if procs is None and any(pool is not None and pool.busy for pool in pools):
                 break
             threading.Event().wait(0.01)
-        first.close()
+        first.close()  # type: ignore[attr-defined]
         assert (runtime._parts.cpu, runtime._parts.io) == pools  # the second's, not replaced
         (tmp_path / "3").touch()
         last = next(second)
