@@ -550,8 +550,8 @@ class DataLoader:
                 await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
             except Exception:
                 logger.exception("%s.aclose() failed", type(self._dataset).__name__)
-        runtime, self._runtime = self._runtime, None
-        if runtime is None or runtime.pid != os.getpid():
+        runtime = self._detach_runtime()
+        if runtime is None:
             return
         # Off the caller's loop: stopping worker processes waits for them to exit (for a call
         # of the user's code to return, or a while before a kill).
@@ -564,9 +564,15 @@ class DataLoader:
             await stopped
 
     def _stop_runtime(self, dataset_closed: bool) -> None:
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None and runtime.pid == os.getpid():
+        runtime = self._detach_runtime()
+        if runtime is not None:
             runtime.close(run_closers=not dataset_closed)
+
+    def _detach_runtime(self) -> Runtime | None:
+        """The loader's runtime, no longer the loader's; ``None`` if there is none to stop here
+        (one inherited through ``fork()`` is the parent's)."""
+        runtime, self._runtime = self._runtime, None
+        return runtime if runtime is not None and runtime.pid == os.getpid() else None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled and deep-copied as torch's loader is: what it was built with, its seed

@@ -46,10 +46,10 @@ _Job = tuple[
     tuple[Any, ...],
     asyncio.AbstractEventLoop | None,
     asyncio.Future[Any] | None,
-    "Jobs | None",
+    "tuple[Jobs, ...]",
 ]
-"""A job: its function and arguments, where its result goes (``None``: submitted), and the
-jobs of the epoch it is part of, if any."""
+"""A job: its function and arguments, where its result goes (``None``: submitted), and where
+it counts until it is done: its pool's jobs, and its epoch's if it is part of one."""
 _Entry = tuple[float, int, _Job | None]
 
 priority: contextvars.ContextVar[int] = contextvars.ContextVar("asyncloader_priority", default=0)
@@ -94,12 +94,17 @@ def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_exception(error)
 
 
-def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: Jobs) -> None:
+def _count(counts: tuple[Jobs, ...], delta: int) -> None:
+    for jobs in counts:
+        jobs.add(delta)
+
+
+def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore) -> None:
     while True:
         job = jobs.get()[2]
         if job is None:
             return
-        fn, args, loop, future, epoch = job
+        fn, args, loop, future, counts = job
         del job  # so the user's objects are not kept alive by an idle thread
         if future is None:  # submitted: the job reports its own outcome
             try:
@@ -119,10 +124,7 @@ def _work(jobs: PriorityQueue[_Entry], ready: threading.Semaphore, counter: Jobs
                 loop.call_soon_threadsafe(_resolve, future, result, error)
             del result, error
         del fn, args, loop, future
-        counter.add(-1)
-        if epoch is not None:
-            epoch.add(-1)
-        del epoch
+        _count(counts, -1)
         ready.release()
 
 
@@ -181,13 +183,12 @@ class ThreadPool:
         system gives no more): the caller then runs it in its own thread, slower, not failed."""
         if self._closed:
             raise RuntimeError(f"{self.name} pool is shut down")
-        self._counter.add(1)
         epoch = epoch_jobs.get()
-        if epoch is not None:
-            epoch.add(1)
+        counts = (self._counter,) if epoch is None else (self._counter, epoch)
+        _count(counts, 1)
         # The caller's context goes along (as with asyncio.to_thread): the retry loops of the
         # datasets find the epoch's statistics in it.
-        job = (contextvars.copy_context().run, (fn, *args), loop, future, epoch)
+        job = (contextvars.copy_context().run, (fn, *args), loop, future, counts)
         entry = (priority.get(), next(self._order), job)
         self._jobs.put(entry)
         # A thread that finished a job released `_ready`: reuse it before starting another.
@@ -225,11 +226,8 @@ class ThreadPool:
                     kept.append(queued)
             for queued in kept:
                 self._jobs.put(queued)
-        if found:
-            self._counter.add(-1)
-            withdrawn = entry[2]
-            if withdrawn is not None and withdrawn[4] is not None:
-                withdrawn[4].add(-1)
+        if found and entry[2] is not None:
+            _count(entry[2][4], -1)
         return found
 
     def _start_thread(self) -> None:
@@ -238,7 +236,7 @@ class ThreadPool:
                 return
             thread = threading.Thread(
                 target=_work,
-                args=(self._jobs, self._ready, self._counter),
+                args=(self._jobs, self._ready),
                 name=f"{self.name}-{len(self._threads)}",
                 daemon=True,
             )
@@ -296,18 +294,14 @@ class ThreadPool:
         with self._lock:
             self._closed = True
             threads = list(self._threads)
-        dropped = 0
         while not self._jobs.empty():
             job = self._jobs.get_nowait()[2]
             if job is not None:
-                dropped += 1
-                loop, future, epoch = job[2], job[3], job[4]
-                if epoch is not None:
-                    epoch.add(-1)
+                loop, future = job[2], job[3]
+                _count(job[4], -1)
                 if future is not None and loop is not None:
                     with contextlib.suppress(RuntimeError):  # its loop is closed
                         loop.call_soon_threadsafe(future.cancel)
-        self._counter.add(-dropped)
         for _ in threads:
             self._jobs.put((float("inf"), next(self._order), None))
         return threads
