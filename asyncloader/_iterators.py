@@ -88,6 +88,8 @@ class DirectIterator:
         return len(self._batches) - self._position
 
     def __next__(self) -> Any:
+        if not self._open:  # closed, which is not finished: the state stays where it was
+            raise StopIteration
         if self._position >= len(self._batches):
             self._progress.done = True
             self.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -157,6 +158,55 @@ def test_the_state_counts_what_was_received_not_prefetched() -> None:
     assert state["batches_received"] == 1
     assert state["epoch"] == 0
     json.dumps(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_next_after_close_leaves_the_state_where_the_epoch_was_closed(num_workers: int) -> None:
+    """A closed epoch is not a finished one: with num_workers=0, a ``next()`` after
+    ``close()`` marked it finished, and a state saved then skipped its last batches."""
+    with DataLoader(SyncData(24), batch_size=4, num_workers=num_workers) as loader:
+        iterator = iter(loader)
+        received = [next(iterator).tolist(), next(iterator).tolist()]
+        iterator.close()  # type: ignore[attr-defined]
+        assert next(iterator, None) is None
+        state = loader.state_dict()
+    assert (state["epoch"], state["batches_received"]) == (0, 2)
+    with DataLoader(SyncData(24), batch_size=4, num_workers=num_workers) as restored:
+        restored.load_state_dict(state)
+        rest = [batch.tolist() for batch in restored]
+    assert received + rest == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+
+
+async def test_a_wait_cancelled_by_a_time_out_ends_the_epoch_and_the_state_resumes_there() -> None:
+    """``wait_for`` around ``anext()`` cancels the wait, which ends the epoch as it ends an
+    async generator (README): nothing after it comes silently, and the state resumes at the
+    batch that was waited for."""
+    gate = asyncio.Event()
+
+    class Gated:
+        def __len__(self) -> int:
+            return 12
+
+        async def __getitem__(self, index: int) -> int:
+            if index >= 4:
+                await gate.wait()
+            return index
+
+    loader = DataLoader(Gated(), batch_size=4, num_workers=1)
+    iterator = aiter(loader)
+    assert (await anext(iterator)).tolist() == [0, 1, 2, 3]
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(anext(iterator), 0.01)
+    with pytest.raises(StopAsyncIteration):
+        await anext(iterator)
+    state = loader.state_dict()
+    await loader.aclose()
+    gate.set()
+    assert (state["epoch"], state["batches_received"]) == (0, 1)
+    restored = DataLoader(Gated(), batch_size=4, num_workers=1)
+    restored.load_state_dict(state)
+    assert [batch.tolist() async for batch in restored] == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    await restored.aclose()
 
 
 def test_resume_does_not_fetch_the_batches_already_received() -> None:
