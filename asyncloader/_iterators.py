@@ -114,6 +114,12 @@ class DirectIterator:
                 collating = clock()
                 batch = context.collate(items)
                 collated = clock()
+        except KeyboardInterrupt:
+            # Ctrl-C cancels the epoch, as on the other paths, and this batch never reached
+            # the consumer: a state saved now resumes at it.
+            self._progress.received -= 1
+            self.close()
+            raise
         except (StopIteration, StopAsyncIteration) as error:  # it would end the epoch here
             raise escaped(error) from error
         finally:

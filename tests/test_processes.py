@@ -151,11 +151,15 @@ def test_ctrl_c_while_a_dropped_iterator_waits_for_its_epoch_is_not_lost() -> No
     assert "Exception ignored" not in result.stderr, result.stderr
 
 
-def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_saved_after_ctrl_c_resumes_exactly(workers: int) -> None:
     # Saving a checkpoint in `except KeyboardInterrupt` is common: the state is that of the
-    # batches received, whatever the interrupted epoch had in work.
+    # batches received, whatever the interrupted epoch had in work. With num_workers=0 (the
+    # batch made inside next()) the interrupted batch counted as received, so the resumed
+    # epoch began a batch late, and the interrupted one went on with the batch after it.
     result = _interrupted(
-        """
+        f"""
+        workers = {workers}
         gate = threading.Event()
 
         class Gated(Data):
@@ -166,19 +170,21 @@ def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
                 return i
 
         def make():
-            return DataLoader(Gated(24), batch_size=4, shuffle=True, num_workers=2, seed=3)
+            return DataLoader(Gated(24), batch_size=4, shuffle=True, num_workers=workers, seed=3)
 
         full = [b.tolist() for b in make()]
         loader = make()
         loader.dataset.blocked = full[2][1]  # batch 2 waits on it
         it = iter(loader)
         got = [next(it).tolist(), next(it).tolist()]
-        threading.Thread(target=interrupt_when_blocked, daemon=True).start()
+        blocked = ("get", "_handoff") if workers else ("wait", "threading")
+        threading.Thread(target=interrupt_when, args=blocked, daemon=True).start()
         try:
             for batch in it:
                 got.append(batch.tolist())
         except KeyboardInterrupt:
             print("interrupted after", len(got), flush=True)
+        print("then", next(it, "ended"), flush=True)  # Ctrl-C ends the epoch
         state = loader.state_dict()
         gate.set()
         loader.close()
@@ -189,7 +195,7 @@ def test_a_state_saved_after_ctrl_c_resumes_exactly() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["interrupted after 2", "exact True 4"]
+    assert result.stdout.splitlines() == ["interrupted after 2", "then ended", "exact True 4"]
 
 
 def test_ctrl_c_while_a_stream_blocks_closes_it_once_its_call_returns() -> None:
