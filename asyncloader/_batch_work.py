@@ -64,9 +64,25 @@ def transform_and_collate(
     one CPU job of a batch task."""
     kept, items = transform_items(indices, items, transform, recorder, skipper)
     started = time.perf_counter()
-    batch = collate(items)
+    batch = collate_or_pass(items, collate, skipper)
     recorder.add("collate", time.perf_counter() - started)
     return kept, batch
+
+
+def collate_or_pass(
+    items: list[Any], collate: Callable[[list[Any]], Any], skipper: Skipper | None
+) -> Any:
+    """The batch of ``items``; :data:`SKIPPED` when ``errors="skip"`` dropped every one of
+    them: such a batch is passed over, not delivered (an empty one is no batch to train on,
+    and a ``collate_fn`` such as torch's refuses it)."""
+    if not items and skipper is not None:
+        return SKIPPED
+    return collate(items)
+
+
+def passed_over(value: object) -> bool:
+    """Whether a finished batch is one whose every item was skipped."""
+    return isinstance(value, tuple) and value[1] is SKIPPED
 
 
 def fetch_or_skip(dataset: Any, indices: list[int], skipper: Skipper | None) -> list[Any]:

@@ -21,13 +21,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._batch_work import Batch, fetch_or_skip, transform_items
+from ._batch_work import Batch, collate_or_pass, fetch_or_skip, passed_over, transform_items
 from ._driver import EpochBatches, drive
 from ._epoch import EpochContext
 from ._handoff import END, AsyncHandoff, Failure, ThreadHandoff
 from ._interrupt import interrupt_after
 from ._pool import Jobs, epoch_jobs
 from ._runtime import Runtime
+from ._skip import SKIPPED
 from ._state import Progress
 from ._stopped import escaped
 
@@ -88,6 +89,13 @@ class DirectIterator:
         return len(self._batches) - self._position
 
     def __next__(self) -> Any:
+        batch = self._make()
+        while batch is SKIPPED:  # every item skipped: passed over, not delivered
+            batch = self._make()
+        return batch
+
+    def _make(self) -> Any:
+        """The next batch (with its indices, if asked), or :data:`SKIPPED`."""
         if not self._open:  # closed, which is not finished: the state stays where it was
             raise StopIteration
         if self._position >= len(self._batches):
@@ -112,7 +120,7 @@ class DirectIterator:
                     indices, fetched_items, context.transform, recorder, context.skipper
                 )
                 collating = clock()
-                batch = context.collate(items)
+                batch = collate_or_pass(items, context.collate, context.skipper)
                 collated = clock()
         except KeyboardInterrupt:
             # Ctrl-C cancels the epoch, as on the other paths, and this batch never reached
@@ -132,7 +140,7 @@ class DirectIterator:
                 collate_s=collated - collating if collated > started else None,
                 wait_s=ended - started,
             )
-        return (kept, batch) if self._with_indices else batch
+        return (kept, batch) if self._with_indices and batch is not SKIPPED else batch
 
     def close(self) -> None:
         """End the epoch; nothing is running, so nothing needs waiting for."""
@@ -199,6 +207,14 @@ class ThreadedIterator:
         return max(0, len(self._batches) - self._taken) if self._open else 0
 
     def __next__(self) -> Any:
+        value = self._take()
+        while passed_over(value):  # every item skipped: passed over, not delivered
+            value = self._take()
+        self._recorder.add_batch(failed=isinstance(value, Failure))
+        return _unwrap(value, self._with_indices)
+
+    def _take(self) -> object:
+        """The next batch or :class:`Failure`, counted as received."""
         if self._pid != os.getpid():
             raise _inherited(self._pid)
         if not self._open:
@@ -221,8 +237,7 @@ class ThreadedIterator:
             raise StopIteration
         self._taken += 1
         self._progress.received += 1
-        self._recorder.add_batch(failed=isinstance(value, Failure))
-        return _unwrap(value, self._with_indices)
+        return value
 
     def close(self) -> None:
         """Cancel the epoch and wait (at most 5 s) until none of its jobs runs the dataset's
@@ -293,6 +308,14 @@ class AsyncEpochIterator:
         return max(0, len(self._batches) - self._taken) if self._open else 0
 
     async def __anext__(self) -> Any:
+        value = await self._take()
+        while passed_over(value):  # every item skipped: passed over, not delivered
+            value = await self._take()
+        self._recorder.add_batch(failed=isinstance(value, Failure))
+        return _unwrap(value, self._with_indices)
+
+    async def _take(self) -> object:
+        """The next batch or :class:`Failure`, counted as received."""
         if self._pid != os.getpid():
             raise _inherited(self._pid)
         if not self._open:
@@ -321,8 +344,7 @@ class AsyncEpochIterator:
             raise StopAsyncIteration
         self._taken += 1
         self._progress.received += 1
-        self._recorder.add_batch(failed=isinstance(value, Failure))
-        return _unwrap(value, self._with_indices)
+        return value
 
     async def aclose(self) -> None:
         """Cancel the epoch and wait until its tasks are gone (an epoch of another event loop

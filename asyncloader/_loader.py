@@ -112,8 +112,8 @@ class DataLoader:
             and a state), so a loader built before the process group starts (Lightning's
             ``Trainer`` starts it inside ``fit``) reads its rank's share.
         errors: ``"raise"``: a failing item fails its batch. ``"skip"``: it is dropped from its
-            batch (which comes out short), logged once with its index and the reason, and
-            counted in :meth:`stats`.
+            batch (which comes out short; one left with no item is passed over), logged once
+            with its index and the reason, and counted in :meth:`stats`.
         max_errors: With ``errors="skip"``, the items an epoch may drop: a count, or a
             fraction of the epoch's items; one more raises :class:`SkipBudgetExceeded`
             listing the first failures. ``None``: no limit.

@@ -22,6 +22,7 @@ from asyncloader import (
     SkipBudgetExceeded,
     StageStats,
 )
+from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .datasets import AsyncData, SyncData
 from .servers import FaultServer, body
@@ -380,6 +381,61 @@ def test_skip_drops_failing_items_logs_each_once_and_counts_them(
     for index in (3, 7, 12):
         assert sum(m.startswith(f"skipped item {index}:") for m in messages) == 1
     assert any("cannot decode" in m for m in messages)
+
+
+def _refusing_empty(items: list[Any]) -> list[Any]:
+    """A collate_fn as torch's and ImageCollator are: an empty batch is an error."""
+    if not items:
+        raise IndexError("list index out of range")
+    return list(items)
+
+
+class _Stream:
+    """An iterable source of 0-11 whose items 4-7 fail."""
+
+    def __iter__(self) -> Any:
+        return iter(range(12))
+
+
+@pytest.mark.parametrize("setup", ["inline", "threads", "async", "stream", "unbatched"])
+def test_a_batch_whose_every_item_is_skipped_is_not_delivered(setup: str) -> None:
+    # errors="skip" handed such a batch on as an empty one: [] from the default collation,
+    # and an error from a collate_fn that refuses an empty list (torch's IndexError,
+    # ImageCollator's "an empty batch"); with batch_size=None, [] in each skipped item's place.
+    def transform(index: int, item: int) -> int:
+        if 4 <= index < 8:
+            raise ValueError("cannot decode")
+        return item
+
+    size: int | None = None if setup == "unbatched" else 4
+    settings: dict[str, Any] = {"batch_size": size, "errors": "skip", "transform": transform}
+    if setup != "unbatched":
+        settings["collate_fn"] = _refusing_empty
+    data: Any = (
+        AsyncData(12) if setup == "async" else _Stream() if setup == "stream" else (SyncData(12))
+    )
+    if setup != "inline":
+        settings["num_workers"] = 2
+
+    def make() -> DataLoader:
+        return DataLoader(data, **settings)
+
+    with make() as loader:
+        if setup == "async":
+
+            async def epoch() -> list[Any]:
+                return [batch async for batch in loader]
+
+            got = asyncio.run(epoch())
+        else:
+            got = list(loader)
+        assert loader.stats().skipped == 4
+    if setup == "unbatched":
+        assert got == [0, 1, 2, 3, 8, 9, 10, 11]
+    else:
+        assert got == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    if setup != "stream":  # a stream without state of its own resumes by reading again
+        assert_equal_output_after_checkpoint(make)
 
 
 @pytest.mark.parametrize(("max_errors", "allowed"), [(1, 1), (0.1, 2), (0, 0)])

@@ -441,6 +441,16 @@ def test_skip_drops_the_failing_item_and_counts_it_here() -> None:
         assert loader.stats().items == 11
 
 
+def test_a_batch_whose_every_item_is_skipped_in_a_worker_is_passed_over() -> None:
+    loader = ready(
+        DataLoader(proc_data.Failing(6, fail_at=2), batch_size=1, cpu_processes=1, errors="skip")
+    )
+    with loader:
+        iterator = loader.iter_with_indices()
+        assert [indices for indices, _ in iterator] == [[0], [1], [3], [4], [5]]
+        assert loader.stats().skipped == 1
+
+
 def test_an_async_fetch_that_fails_under_skip_leaves_its_batch_short() -> None:
     loader = DataLoader(
         proc_data.AsyncFailing(12, fail_at=5),
