@@ -32,8 +32,9 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
+from ._shared import anonymous
 from ._worker import Layout, Work, error_payload, load_work, serve
 
 
@@ -154,30 +155,48 @@ class WorkerProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-def _python(entry: str) -> list[str]:
+def _start(
+    entry: str, payload: object, pass_fds: list[int], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     """A fresh interpreter that runs this module's ``entry`` with this process's ``sys.path``
-    and options.
+    and options; ``entry`` gets ``payload``.
 
     ``python -c`` puts the working directory first on ``sys.path``: set before any import
     that could be looked up there (marshal is built in), this process's own path makes the
-    interpreter import the same asyncloader, and the same modules, as this process. Its
-    options (``-W``, ``-X dev``, ``-O``, ...) are passed on as ``multiprocessing`` passes
+    interpreter import the same asyncloader, and the same modules, as this process. The path
+    and the payload go in an anonymous file, not in the environment, where Linux bounds one
+    variable at 128 KiB: a path of a few hundred entries (Bazel's runfiles, a PEX) is more.
+    Its options (``-W``, ``-X dev``, ``-O``, ...) are passed on as ``multiprocessing`` passes
     them to the processes it starts: the user's code runs under the same warning filters in a
     worker as on a thread.
     """
-    boot = (
-        "import marshal, os, sys; "
-        "sys.path[:] = marshal.loads(bytes.fromhex(os.environ.pop('ASYNCLOADER_PATH'))); "
-        f"from asyncloader._zygote import {entry}; {entry}()"
-    )
-    return [sys.executable, *_OPTIONS(), "-c", boot]
-
-
-def _path() -> dict[str, str]:
     # Only what imports look in (a pathlib.Path in sys.path is passed over, and marshal
     # could not write it).
-    entries = [entry for entry in sys.path if isinstance(entry, (str, bytes))]
-    return {"ASYNCLOADER_PATH": marshal.dumps(entries).hex()}
+    path = [entry for entry in sys.path if isinstance(entry, (str, bytes))]
+    boot = anonymous(0, "asyncloader-boot")
+    try:
+        with os.fdopen(os.dup(boot), "wb") as file:
+            marshal.dump(path, file)
+            pickle.dump(payload, file)
+        os.lseek(boot, 0, os.SEEK_SET)
+        code = (
+            "import marshal, os, sys; "
+            "boot = open(int(os.environ.pop('ASYNCLOADER_BOOT')), 'rb'); "
+            "sys.path[:] = marshal.load(boot); "
+            f"from asyncloader._zygote import {entry}; {entry}(boot)"
+        )
+        return subprocess.Popen(
+            [sys.executable, *_OPTIONS(), "-c", code],
+            pass_fds=[*pass_fds, boot],
+            env={**env, "ASYNCLOADER_BOOT": str(boot)},
+        )
+    finally:
+        os.close(boot)
+
+
+def _payload(boot: BinaryIO) -> Any:
+    with boot:
+        return pickle.load(boot)
 
 
 class Zygote:
@@ -195,11 +214,7 @@ class Zygote:
         ours, theirs = socket.socketpair()
         source = main_source() if main else None
         environment = {**os.environ, **_ONE_THREAD}
-        self.process = subprocess.Popen(
-            _python("main"),
-            pass_fds=[theirs.fileno(), work],
-            env={**environment, **_path(), "ASYNCLOADER_ZYGOTE_FD": str(theirs.fileno())},
-        )
+        self.process = _start("main", theirs.fileno(), [theirs.fileno(), work], environment)
         theirs.close()
         self._sock = ours
         self._conn = Connection(os.dup(ours.fileno()))
@@ -334,12 +349,8 @@ def _fork(
     memory: _Memory,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        alone = pickle.dumps((fd, source, sys.argv, *memory)).hex()
-        return subprocess.Popen(
-            _python("alone"),
-            pass_fds=[fd, memory[0]],
-            env={**os.environ, **_path(), "ASYNCLOADER_ALONE": alone},
-        ).pid
+        payload = (fd, source, sys.argv, *memory)
+        return _start("alone", payload, [fd, memory[0]], dict(os.environ)).pid
     pid = os.fork()
     if pid:
         return pid
@@ -360,10 +371,10 @@ def _fork(
         os._exit(code)
 
 
-def main() -> None:
+def main(boot: BinaryIO) -> None:
     """The zygote: import the work's modules, then fork workers until the loader goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=int(os.environ.pop("ASYNCLOADER_ZYGOTE_FD")))
+    sock = socket.socket(fileno=_payload(boot))
     conn = Connection(os.dup(sock.fileno()))
     with sock, conn:
         _zygote(sock, conn)
@@ -407,12 +418,11 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
         return
 
 
-def alone() -> None:
+def alone(boot: BinaryIO) -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    payload = bytes.fromhex(os.environ.pop("ASYNCLOADER_ALONE"))
-    fd, source, sys.argv, memory, layout = pickle.loads(payload)
+    fd, source, sys.argv, memory, layout = _payload(boot)
     if source is not None:
         _import_main(source)
     _serve(Connection(fd), None, (memory, layout))

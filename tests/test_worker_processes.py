@@ -1174,6 +1174,33 @@ def test_a_script_that_parses_its_arguments_as_it_is_imported_gets_the_same_ones
 
 
 @pytest.mark.timeout(120)
+def test_a_long_sys_path_reaches_the_workers(tmp_path: Any) -> None:
+    # The zygote got sys.path in one environment variable, which Linux bounds at 128 KiB:
+    # a path of a few hundred entries (Bazel's runfiles, a PEX) could not start a worker,
+    # "[Errno 7] Argument list too long", and every batch after the first failed.
+    script = """
+    import os, sys
+    import numpy as np
+    from asyncloader import DataLoader
+
+    sys.path += [f"/opt/app.runfiles/package_{i:04d}/site-packages" for i in range(2000)]
+
+    class Pids:
+        def __len__(self): return 4
+        def __getitem__(self, i): return np.array([os.getpid()])
+
+    if __name__ == "__main__":
+        with DataLoader(Pids(), batch_size=2, cpu_processes=1) as loader:
+            loader._runtime_here().procs.wait_ready(30)
+            pids = {pid for batch in loader for pid in batch.ravel().tolist()}
+            print("in a worker", os.getpid() not in pids)
+    """
+    result = _script(tmp_path, script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "in a worker True"
+
+
+@pytest.mark.timeout(120)
 def test_without_the_main_guard_it_gets_a_clear_error(tmp_path: Any) -> None:
     result = _script(
         tmp_path,
