@@ -74,9 +74,11 @@ class AsyncHandoff:
                 await asyncio.wait_for(self._arrived.wait(), timeout)
             except asyncio.TimeoutError:
                 raise _timed_out(timeout) from None
-        value = self._ready.popleft()
-        if value is not END:
-            self._permits.release()
+        value = self._ready[0]
+        if value is END:  # left for every other task that waits on this hand-off
+            return value
+        self._ready.popleft()
+        self._permits.release()
         return value
 
 

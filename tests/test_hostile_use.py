@@ -4,6 +4,7 @@ What could hang runs in a child process with a hard time-out."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from asyncloader import DataLoader
 
 from .children import run_script as run_child
-from .datasets import SyncData
+from .datasets import AsyncData, SyncData
 
 ROOT = Path(__file__).parent.parent
 
@@ -44,6 +45,28 @@ def test_two_threads_pulling_from_one_iterator_both_return(num_workers: int, bat
     assert sorted(got) == [[i, i + 1] for i in range(0, 100, 2)]
     assert len(got) == batches
     loader.close()
+
+
+@pytest.mark.parametrize("ending", ["end", "aclose"])
+async def test_two_tasks_pulling_from_one_async_iterator_both_return(ending: str) -> None:
+    # The task that took the epoch's end left the other waiting on the hand-off for ever
+    # (all 10 batches delivered, then a hang), where two threads on one iterator both return.
+    loader = DataLoader(AsyncData(40), batch_size=4, num_workers=2)
+    iterator = aiter(loader)
+    got: list[Any] = []
+
+    async def pull() -> None:
+        async for batch in iterator:
+            got.append(batch.tolist())
+            if ending == "aclose" and len(got) == 3:
+                await iterator.aclose()  # type: ignore[attr-defined]
+
+    await asyncio.wait_for(asyncio.gather(pull(), pull()), 20)
+    if ending == "end":
+        assert sorted(got) == [[i, i + 1, i + 2, i + 3] for i in range(0, 40, 4)]
+    else:
+        assert len(got) in (3, 4)  # the other task may have taken one as the first closed
+    await loader.aclose()
 
 
 def test_closing_an_iterator_wakes_a_thread_blocked_in_next() -> None:
