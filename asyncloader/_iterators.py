@@ -54,6 +54,14 @@ def _inherited(pid: int) -> RuntimeError:
     )
 
 
+def _elsewhere() -> RuntimeError:
+    return RuntimeError(
+        "this epoch was started on another event loop, which drives it (and cancels it as "
+        "it closes, as asyncio.run does): take its batches in that loop, or start an epoch "
+        "in this one with async for"
+    )
+
+
 def _unwrap(value: object, with_indices: bool) -> Any:
     if isinstance(value, Failure):
         error = value.error
@@ -320,6 +328,8 @@ class AsyncEpochIterator:
             raise _inherited(self._pid)
         if not self._open:
             raise StopAsyncIteration
+        if self._task is not None and self._task.get_loop() is not asyncio.get_running_loop():
+            raise _elsewhere()
         if self._task is None:
             assert self._context is not None
             self._task = asyncio.get_running_loop().create_task(

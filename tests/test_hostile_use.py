@@ -69,6 +69,25 @@ async def test_two_tasks_pulling_from_one_async_iterator_both_return(ending: str
     await loader.aclose()
 
 
+def test_an_async_epoch_awaited_from_another_event_loop_says_where_it_runs() -> None:
+    # `asyncio.run(anext(iterator))` once per step: the epoch's driver is a task of the
+    # first loop, and the second said only "<asyncio.locks.Event ...> is bound to a
+    # different event loop".
+    loader = DataLoader(AsyncData(40), batch_size=4, num_workers=1)
+    iterator = aiter(loader)
+
+    async def step() -> Any:
+        return await anext(iterator)
+
+    assert asyncio.run(step()).tolist() == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError, match="started on another event loop") as refused:
+        asyncio.run(step())
+    assert "async for" in str(refused.value)
+    assert loader.state_dict()["batches_received"] == 1
+    assert [batch.tolist() for batch in loader][:1] == [[0, 1, 2, 3]]  # the next epoch
+    loader.close()
+
+
 def test_closing_an_iterator_wakes_a_thread_blocked_in_next() -> None:
     release = threading.Event()
 
