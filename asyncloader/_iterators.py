@@ -120,6 +120,7 @@ class DirectIterator:
         started = clock()
         fetched_items: list[Any] | None = None
         fetched = collating = collated = started
+        batch: Any = None
         try:
             with context.scope():
                 fetched_items = fetch_or_skip(context.source.dataset, indices, context.skipper)
@@ -141,12 +142,15 @@ class DirectIterator:
         finally:
             # On this path the consumer waits for the whole of the loader's work.
             ended = clock()
+            if fetched_items is not None and context.skipper is not None:
+                fetched_items = [item for item in fetched_items if item is not SKIPPED]
             recorder.record_direct_batch(
                 fetch_s=(fetched if fetched_items is not None else ended) - started,
                 items=fetched_items,
                 requested=len(indices),
                 collate_s=collated - collating if collated > started else None,
                 wait_s=ended - started,
+                handed=batch is not SKIPPED,
             )
         return (kept, batch) if self._with_indices and batch is not SKIPPED else batch
 

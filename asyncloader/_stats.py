@@ -156,6 +156,9 @@ class LoaderStats:
         interleave: Shards a shard stream (``TarShards``, ``ParquetShards``) reads at once;
             0 for any other dataset.
         shards: The shards of a shard stream, of every rank; 0 for any other dataset.
+        inline: Whether the batches were made inline, in the consumer's thread inside
+            ``next()``, with no thread or queue (``num_workers=0`` and a sync map-style
+            dataset).
     """
 
     fetch: StageStats = field(default_factory=StageStats)
@@ -181,6 +184,7 @@ class LoaderStats:
     cpu_processes: int = 0
     interleave: int = 0
     shards: int = 0
+    inline: bool = False
 
     def gil_bound(self) -> bool:
         """Whether the transform holds the GIL so that more threads cannot speed it up: it
@@ -201,11 +205,28 @@ class LoaderStats:
         """``(stage, advice)``: what limits the loader, and the setting to change."""
         active = max(self.active_s, 1e-9)
         if self.batches == 0:
+            if self.skipped:  # a batch of none is passed over, not handed on empty
+                return "skip", (
+                    f'errors="skip" dropped {self.skipped} items, and no batch was handed '
+                    'over yet; the "asyncloader" logger says why each failed'
+                )
             return "idle", "no batch was handed over yet"
         # The consumer waited for batches (consumer_wait) for part of the time; the rest it
         # spent on its own work. Mostly its own work: the loader keeps up, the consumer limits.
         if self.consumer_wait.total_s / active < 0.5:
             return "consumer", "the loader waits on you; the training step is the bottleneck"
+        if self.inline:  # no thread of the loader ran any of it: no stage to tune but that
+            stage = max(
+                ("fetch", self.fetch.total_s),
+                ("transform", self.transform.total_s),
+                ("collate", self.collate.total_s),
+                key=lambda pair: pair[1],
+            )[0]
+            return "inline", (
+                "num_workers=0 makes each batch in your thread, inside next() "
+                f"({self.consumer_wait.mean_s * 1000:.2f} ms a batch, most of it {stage}): "
+                "set num_workers to make the batches on the loader's threads while you train"
+            )
         # Otherwise the busiest resource limits: the request slots or the CPU pool.
         fetch_busy = self.fetch.total_s / (active * self.requests_limit)
         cpu = max(1, self.cpu_threads)
@@ -342,6 +363,7 @@ class Recorder:
             self.items_in_flight = self.peak_items_in_flight = 0
             self.active_s = 0.0
             self.transform_cpu = 0.0
+            self.inline = False
             self._active = 0
             self._active_since = 0.0
 
@@ -399,10 +421,13 @@ class Recorder:
         requested: int,
         collate_s: float | None,
         wait_s: float,
+        handed: bool = True,
     ) -> None:
-        """One batch of the direct path, in one update (its cost is paid per batch)."""
+        """One batch of the direct path, in one update (its cost is paid per batch);
+        ``handed``: not passed over (every item skipped)."""
         size = fetched_bytes(items) if items is not None else 0
         with self._lock:
+            self.inline = True
             self.peak_in_flight = max(self.peak_in_flight, 1)
             self.peak_items_in_flight = max(self.peak_items_in_flight, requested)
             self.fetch.add(fetch_s)
@@ -412,7 +437,7 @@ class Recorder:
             if collate_s is not None:
                 self.collate.add(collate_s)
             self.consumer_wait.add(wait_s)
-            self.batches += 1
+            self.batches += handed
             self.errors += collate_s is None
 
     def add(self, stage: Stage, seconds: float) -> None:
@@ -521,4 +546,5 @@ class Recorder:
                 cpu_processes=self.processes,
                 interleave=self.interleave,
                 shards=self.shards,
+                inline=self.inline,
             )

@@ -315,6 +315,55 @@ def test_a_waiting_transform_is_not_called_gil_bound() -> None:
     assert stats.bottleneck()[0] == "transform"
 
 
+@pytest.mark.parametrize("transform", [_spin, _sleep, None])
+def test_with_num_workers_0_the_report_says_the_batches_are_made_inline(
+    transform: Any,
+) -> None:
+    # num_workers=0 makes each batch in the consumer's thread, with no CPU thread at all:
+    # the report said "GIL-bound: ... 2 CPU threads give it 0.9 cores", or "raise
+    # item_concurrency or num_workers" for a dataset of plain numbers.
+    with DataLoader(SyncData(200), batch_size=8, transform=transform) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    assert stats.inline
+    stage, advice = stats.bottleneck()
+    assert stage == "inline"
+    assert "num_workers=0 makes each batch in your thread" in advice
+    assert "CPU threads" not in advice
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_items_that_failed_to_fetch_are_not_counted_as_fetched(num_workers: int) -> None:
+    # With num_workers=0 an item that failed under errors="skip" was counted in items
+    # (12 of 12 here, against 8 of 12 on the other path), and a batch whose first item
+    # failed counted none of its bytes.
+    data = Blobs(12)
+    data.fail_at = {0, 3, 4, 9}
+    settings: dict[str, Any] = {"num_workers": num_workers, "errors": "skip", "collate_fn": list}
+    with DataLoader(data, batch_size=4, **settings) as loader:
+        assert sum(len(batch) for batch in loader) == 8
+        stats = loader.stats()
+    assert (stats.items, stats.skipped) == (8, 4)
+    assert stats.bytes == sum(i + 1 for i in range(12) if i not in data.fail_at)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_report_of_an_epoch_whose_every_item_was_skipped_says_so(num_workers: int) -> None:
+    def failing(index: int, item: int) -> int:
+        raise ValueError("cannot decode")
+
+    with DataLoader(
+        SyncData(40), batch_size=8, transform=failing, errors="skip", num_workers=num_workers
+    ) as loader:
+        assert list(loader) == []
+        stats = loader.stats()
+    assert stats.batches == 0  # none handed over, the same on every path
+    stage, advice = stats.bottleneck()
+    assert stage == "skip"
+    assert 'errors="skip" dropped 40 items' in advice
+
+
 def test_with_processes_the_report_never_suggests_them() -> None:
     from . import proc_data
 
