@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ._batch_work import Batch, collate_or_pass, fetch_or_skip, passed_over, transform_items
@@ -45,6 +45,15 @@ of the iterator's finalizer cancelling it."""
 def _keep(task: asyncio.Task[None]) -> None:
     _DRIVERS.add(task)
     task.add_done_callback(_DRIVERS.discard)
+
+
+Fresh = tuple[EpochContext, Any, Progress]
+"""An epoch planned again: its context, batches and progress."""
+
+Replan = Callable[[Progress], "Fresh | None"]
+"""Asked before an epoch's first batch: the epoch to run instead of the one ``progress`` is
+of, when its sampler's user set another since (``sampler.set_epoch(n)`` after ``iter()``:
+Lightning's ``Trainer`` in a resumed run), else ``None``."""
 
 
 def _inherited(pid: int) -> RuntimeError:
@@ -80,12 +89,19 @@ class DirectIterator:
         batches: Sequence[list[int]],
         with_indices: bool,
         progress: Progress,
+        replan: Replan | None = None,
+    ) -> None:
+        self._with_indices = with_indices
+        self._replan = replan
+        self._begin(context, batches, progress)
+
+    def _begin(
+        self, context: EpochContext, batches: Sequence[list[int]], progress: Progress
     ) -> None:
         self._context: EpochContext | None = context
         self._progress = progress
         self._recorder = context.recorder
         self._batches = batches
-        self._with_indices = with_indices
         self._position = 0
         self._open = True
         context.recorder.epoch_started()
@@ -97,6 +113,12 @@ class DirectIterator:
         return len(self._batches) - self._position
 
     def __next__(self) -> Any:
+        if self._replan is not None:
+            replan, self._replan = self._replan, None
+            fresh = replan(self._progress) if self._open else None
+            if fresh is not None:
+                self.close()
+                self._begin(*fresh)
         batch = self._make()
         while batch is SKIPPED:  # every item skipped: passed over, not delivered
             batch = self._make()
@@ -192,20 +214,26 @@ class ThreadedIterator:
         timeout: float | None,
         with_indices: bool,
         progress: Progress,
+        replan: Replan | None = None,
     ) -> None:
-        self._progress = progress
-        self._recorder = context.recorder
         self._runtime = runtime
+        self._window = window
         self._timeout = timeout
         self._with_indices = with_indices
+        self._replan = replan
+        self._pid = os.getpid()
+        self._loop_thread = runtime.loop_thread
+        self._begin(context, batches, progress)
+
+    def _begin(self, context: EpochContext, batches: EpochBatches, progress: Progress) -> None:
+        self._progress = progress
+        self._recorder = context.recorder
         self._batches = batches  # its len() only (a stream's raises TypeError, as in torch)
         self._taken = 0
-        loop_thread = self._loop_thread = runtime.loop_thread
-        self._handoff = ThreadHandoff(window, loop_thread.loop)
-        self._pid = os.getpid()
+        self._handoff = ThreadHandoff(self._window, self._loop_thread.loop)
         self._finished = threading.Event()
         self._jobs = Jobs()
-        self._future = loop_thread.submit(
+        self._future = self._loop_thread.submit(
             _run_epoch, context, batches, self._handoff, self._finished, self._jobs
         )
         self._open = True
@@ -219,11 +247,22 @@ class ThreadedIterator:
         return max(0, len(self._batches) - self._taken) if self._open else 0
 
     def __next__(self) -> Any:
+        if self._replan is not None:
+            self._run_replanned()
         value = self._take()
         while passed_over(value):  # every item skipped: passed over, not delivered
             value = self._take()
         self._recorder.add_batch(failed=isinstance(value, Failure))
         return _unwrap(value, self._with_indices)
+
+    def _run_replanned(self) -> None:
+        replan, self._replan = self._replan, None
+        if replan is None or self._pid != os.getpid() or not self._open:
+            return
+        fresh = replan(self._progress)
+        if fresh is not None:
+            self._cancel(wait=True)
+            self._begin(*fresh)
 
     def _take(self) -> object:
         """The next batch or :class:`Failure`, counted as received."""
@@ -296,6 +335,7 @@ class AsyncEpochIterator:
         timeout: float | None,
         with_indices: bool,
         progress: Progress,
+        replan: Replan | None = None,
     ) -> None:
         # Kept so that its threads outlive a loader nobody holds (`async for b in
         # DataLoader(...)`): a runtime no one refers to is stopped by its finalizer.
@@ -307,6 +347,7 @@ class AsyncEpochIterator:
         self._taken = 0
         self._timeout = timeout
         self._with_indices = with_indices
+        self._replan = replan
         self._handoff = AsyncHandoff(window)
         self._task: asyncio.Task[None] | None = None
         self._pid = os.getpid()
@@ -335,6 +376,11 @@ class AsyncEpochIterator:
         if self._task is not None and self._task.get_loop() is not asyncio.get_running_loop():
             raise _elsewhere()
         if self._task is None:
+            replan, self._replan = self._replan, None
+            fresh = None if replan is None else replan(self._progress)
+            if fresh is not None:  # not begun: nothing of the planned epoch to stop
+                self._context, self._batches, self._progress = fresh
+                self._recorder = self._context.recorder
             assert self._context is not None
             self._task = asyncio.get_running_loop().create_task(
                 drive(self._context, self._batches, self._handoff)

@@ -17,7 +17,7 @@ from typing import Any
 from ._collate import default_collate, unbatched
 from ._driver import EpochBatches
 from ._epoch import EpochContext
-from ._iterators import AsyncEpochIterator, DirectIterator, ThreadedIterator
+from ._iterators import AsyncEpochIterator, DirectIterator, Fresh, ThreadedIterator
 from ._map_epochs import MapEpochs
 from ._order import Order, check_batch_sampler
 from ._pin import pin_batch, pinning_available
@@ -258,6 +258,8 @@ class DataLoader:
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume: Resume | None = None
+        self._started_from: Resume | None = None
+        """The loaded state the last epoch started from, if any."""
         self._skipper: Skipper | None = None
         self._runtime: Runtime | None = None
         self._async_epochs: weakref.WeakSet[AsyncEpochIterator] = weakref.WeakSet()
@@ -398,12 +400,25 @@ class DataLoader:
         self._order.follow_ranks()
         self._epoch = self.epoch
         resume, self._resume = self._resume, None
+        self._started_from = resume
         batches, progress, items = self._epochs.start(self._epoch, resume, self._runtime_here().io)
         self._epoch = progress.epoch + 1
         self._progress = progress
         budget = epoch_budget(self._max_errors, items)
         self._skipper = Skipper(budget, self._recorder) if self._skip else None
         return batches, progress
+
+    def _replanned(self, progress: Progress) -> Fresh | None:
+        """The epoch to run instead of ``progress``'s, planned now, if its sampler's user set
+        another epoch after it was planned and before its first batch (Lightning's
+        ``Trainer`` makes a resumed run's first iterator, then calls ``set_epoch``; torch's
+        loader reads its sampler at the first batch, where the epoch set is the one read)."""
+        if self._progress is not progress or not self._order.epoch_changed():
+            return None
+        with self._refused_as_it_was():
+            self._resume = self._started_from  # for the epoch it was loaded for, if that runs
+            batches, progress = self._start_epoch()
+            return self._context(self._runtime_here(), progress.epoch, batches), batches, progress
 
     def _follow_ranks(self) -> None:
         """Read again the ranks left to the environment (:meth:`Order.follow_ranks`), unless
@@ -483,7 +498,7 @@ class DataLoader:
             and not settings.cpu_processes
         )
         if direct and settings.item_concurrency == 1 and isinstance(batches, Sequence):
-            return DirectIterator(context, batches, with_indices, progress)
+            return DirectIterator(context, batches, with_indices, progress, self._replanned)
         return ThreadedIterator(
             runtime,
             context,
@@ -492,6 +507,7 @@ class DataLoader:
             settings.timeout,
             with_indices,
             progress,
+            self._replanned,
         )
 
     def _aiterate(self, with_indices: bool) -> AsyncEpochIterator:
@@ -509,6 +525,7 @@ class DataLoader:
             self._settings.timeout,
             with_indices,
             progress,
+            self._replanned,
         )
         self._async_epochs.add(epoch)
         return epoch

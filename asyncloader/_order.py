@@ -173,12 +173,21 @@ class Order:
             default_sampler=self.default_sampler if self.owns_sampler else None,
         )
 
+    def run_epoch(self, epoch: int) -> int:
+        """The epoch that runs next, given the loader's: the one its sampler's user set
+        (``sampler.set_epoch``), if they did since the loader last looked."""
+        return self._follower.epoch(epoch)
+
+    def epoch_changed(self) -> bool:
+        """Whether the sampler's user set an epoch since the last one was planned."""
+        return self._follower.changed()
+
     def plan(self, epoch: int, resume: Resume | None, length: int, batch_size: int) -> Plan:
         """Read the sampler for the epoch that runs next (the user's ``set_epoch`` wins), and
         where a loaded state puts its consumer: the batches received are skipped, or, for a
         state of another number of ranks (or of an elastic epoch), this rank's share of what
         no rank received."""
-        epoch = self._follower.epoch(epoch)
+        epoch = self.run_epoch(epoch)
         if resume is not None and resume.epoch != epoch:
             resume = None
         skip = resume.batches if resume is not None else 0

@@ -20,6 +20,16 @@ from ._settings import check_int
 class Sampler:
     """Base class of the built-in samplers: the indices of an epoch, from its number."""
 
+    epoch: int | None = None
+    """The epoch last given to :meth:`set_epoch` (``None`` before any call)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the one the loader runs next, as torch's ``DistributedSampler``
+        takes it: a training loop that calls it before each epoch (Lightning's ``Trainer``
+        does, on every loader's sampler) numbers the loader's epochs as its own, and a
+        loaded state of another epoch is then left unused."""
+        self.epoch = check_int("epoch", epoch, 0)
+
     def indices(self, length: int, epoch: int) -> Sequence[int]:
         """Return the indices of epoch ``epoch`` over a dataset of ``length`` items."""
         raise NotImplementedError
@@ -234,6 +244,11 @@ class EpochFollower:
         target.set_epoch(epoch)
         self._seen = getattr(target, "epoch", None)
         return epoch
+
+    def changed(self) -> bool:
+        """Whether the sampler's user set an epoch since the loader last looked."""
+        current = getattr(self._target, "epoch", None)
+        return isinstance(current, int) and current != self._seen and current >= 0
 
 
 def _has_set_epoch(sampler: object) -> bool:

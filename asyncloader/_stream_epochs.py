@@ -312,6 +312,7 @@ class StreamEpochs:
     def start(self, epoch: int, resume: Resume | None, io: ThreadPool) -> EpochStart:
         """The batches of epoch ``epoch``, after those a loaded state had received."""
         order, settings = self._order, self._settings
+        epoch = order.run_epoch(epoch)
         if resume is not None and resume.epoch != epoch:
             resume = None
         first = resume.batches if resume is not None else 0

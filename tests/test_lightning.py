@@ -99,6 +99,40 @@ def test_a_checkpoint_every_n_steps_resumes_exactly(tmp_path: pathlib.Path, ever
     assert first + rest == whole
 
 
+@pytest.mark.parametrize("every", [3, 5])
+def test_a_checkpoint_at_the_end_of_an_epoch_cut_by_limit_train_batches_resumes_exactly(
+    tmp_path: pathlib.Path, every: int
+) -> None:
+    # limit_train_batches=5 of 13: the Trainer ends the epoch after 5 batches and the next
+    # begins with a new iterator, a new epoch. The state saved after the 5th batch is epoch
+    # 0 with 5 received; the resumed run loaded it and trained its second epoch on the rest
+    # of the loader's first (batches 5-9) where the uninterrupted run began its second. The
+    # Trainer calls set_epoch on the loader's sampler before each epoch: it now numbers the
+    # loader's epochs, and a loaded state of another epoch is left unused.
+    settings: dict[str, Any] = {"max_epochs": 3, "limit_train_batches": 5}
+    whole = fit(tmp_path / "whole", enable_checkpointing=False, **settings)
+    saved = ModelCheckpoint(dirpath=tmp_path / "saved", every_n_train_steps=every, save_top_k=-1)
+    first = fit(tmp_path / "first", max_steps=every, callbacks=[saved], **settings)
+    (checkpoint,) = (tmp_path / "saved").iterdir()
+    rest = fit(tmp_path / "rest", ckpt_path=checkpoint, **settings)
+    assert len(whole) == 15
+    assert first + rest == whole
+
+
+def test_the_default_checkpoint_at_an_epochs_end_resumes_a_plain_loader_exactly(
+    tmp_path: pathlib.Path,
+) -> None:
+    # From a checkpoint of an epoch's end the Trainer loads no state of the loader, and the
+    # loader ran its first epoch again; the Trainer's set_epoch on its sampler now says
+    # which epoch runs, with no data module to keep the loader's state.
+    whole = fit(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+    first = fit(tmp_path / "first", max_epochs=1)  # its ModelCheckpoint saves at the end
+    (checkpoint,) = (tmp_path / "first").rglob("*.ckpt")
+    rest = fit(tmp_path / "rest", checkpoint, max_epochs=3)
+    assert len(rest) == 2 * BATCHES
+    assert first + rest == whole
+
+
 class Data(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
     """The loader in a data module that keeps its state in every checkpoint, as
     docs/checkpointing.md says: Lightning restores a loader's own state only inside an epoch."""

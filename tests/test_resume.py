@@ -282,6 +282,72 @@ def test_set_epoch_keeps_a_loaded_state_for_that_epoch() -> None:
     assert len(taken) == 2
 
 
+def _epoch_of(mode: str, loader: DataLoader, between: Any = None) -> list[list[int]]:
+    """One epoch's batches, ``between(loader)`` called after ``iter()``, before ``next()``."""
+    if mode == "async":
+
+        async def run() -> list[list[int]]:
+            iterator = aiter(loader)
+            if between is not None:
+                between(loader)
+            return [batch.tolist() async for batch in iterator]
+
+        return asyncio.run(run())
+    iterator = iter(loader)
+    if between is not None:
+        between(loader)
+    return [batch.tolist() for batch in iterator]
+
+
+@pytest.mark.parametrize("mode", ["inline", "threads", "async"])
+def test_the_samplers_set_epoch_before_the_first_batch_chooses_the_epoch(mode: str) -> None:
+    # Lightning's Trainer makes a resumed run's first iterator, then calls set_epoch on the
+    # loader's sampler: torch's loader reads its sampler at the first batch and runs that
+    # epoch. Here the iterator had planned the loader's own epoch and ran it, so a run
+    # resumed from a checkpoint at an epoch's end trained on its first epoch again.
+    workers = 0 if mode == "inline" else 2
+
+    def make() -> DataLoader:
+        return DataLoader(SyncData(40), batch_size=8, shuffle=True, seed=4, num_workers=workers)
+
+    with make() as reference:
+        epochs = [_epoch_of(mode, reference) for _ in range(4)]
+    with make() as loader:
+        assert _epoch_of(mode, loader, lambda lo: lo.sampler.set_epoch(2)) == epochs[2]
+        sampler: Any = loader.sampler  # the loader's own: a RandomSampler
+        assert (loader.epoch, sampler.epoch) == (3, 2)
+        # Once a batch was taken, a set_epoch is for the next epoch: this one goes on.
+        iterator = iter(loader)
+        taken = [next(iterator).tolist()]
+        sampler.set_epoch(1)
+        taken += [batch.tolist() for batch in iterator]
+        assert taken == epochs[3]
+        assert _epoch_of(mode, loader) == epochs[1]
+        assert _epoch_of(mode, loader) == epochs[2]
+
+
+@pytest.mark.parametrize("mode", ["inline", "threads", "async"])
+def test_a_loaded_state_of_another_epoch_than_the_one_set_after_iter_is_left_unused(
+    mode: str,
+) -> None:
+    # Lightning with limit_train_batches=5 of 13: the state saved at the cut epoch's end is
+    # epoch 0 with 5 received, and its next epoch is a new one, which the Trainer sets.
+    workers = 0 if mode == "inline" else 2
+
+    def make() -> DataLoader:
+        return DataLoader(SyncData(40), batch_size=8, shuffle=True, seed=4, num_workers=workers)
+
+    with make() as reference:
+        epochs = [_epoch_of(mode, reference) for _ in range(2)]
+        state = {**reference.state_dict(), "epoch": 0, "batches_received": 2}
+    with make() as loader:
+        loader.load_state_dict(state)
+        assert _epoch_of(mode, loader, lambda lo: lo.sampler.set_epoch(1)) == epochs[1]
+    with make() as loader:
+        loader.load_state_dict(state)  # the epoch it was saved in: it resumes there
+        assert _epoch_of(mode, loader, lambda lo: lo.sampler.set_epoch(0)) == epochs[0][2:]
+
+
 def test_rank_and_world_size_default_to_torchruns_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -187,6 +187,25 @@ def test_shuffle_permutes_the_shards_by_seed_and_epoch(folder: Path) -> None:
     assert epochs(6) != first
 
 
+def test_the_samplers_set_epoch_chooses_the_shard_streams_epoch(folder: Path) -> None:
+    # Lightning's Trainer numbers a loader's epochs by set_epoch on its sampler, a stream's
+    # too: it was taken and passed over, and a resumed run read its first epoch again.
+    def make() -> DataLoader:
+        shards = on_files(folder, shuffle=True, shuffle_buffer=5)
+        return DataLoader(shards, batch_size=4, collate_fn=list, seed=3, num_workers=2)
+
+    with make() as reference:
+        epochs = [keys(reference) for _ in range(3)]
+    assert epochs[1] != epochs[2]
+    with make() as loader:
+        sampler: Any = loader.sampler  # the loader's own
+        sampler.set_epoch(2)  # before iter()
+        assert keys(loader) == epochs[2]
+        iterator = iter(loader)
+        sampler.set_epoch(1)  # after it, before the first batch
+        assert [sample["__key__"] for batch in iterator for sample in batch] == epochs[1]
+
+
 def test_ranks_read_disjoint_shards_whose_union_is_the_epoch(folder: Path) -> None:
     shares = []
     for rank in range(3):
