@@ -133,6 +133,47 @@ def test_the_default_checkpoint_at_an_epochs_end_resumes_a_plain_loader_exactly(
     assert first + rest == whole
 
 
+class Validated(Recorded):
+    """Records the items of every validation batch too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[list[int]] = []
+
+    def validation_step(self, batch: Any, index: int) -> None:
+        self.validated.append([int(value) for value in batch.flatten()])
+
+
+def test_a_shuffled_validation_loader_resumes_in_the_trainers_epoch(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The Trainer saves no state of a validation loader; it calls set_epoch on its sampler
+    # with the training epoch, which the loader now takes. Resumed at an epoch's end, the
+    # validation loader began again from its own epoch 0, in another order.
+    def run(root: pathlib.Path, ckpt_path: pathlib.Path | None = None, **settings: Any) -> Any:
+        module = Validated()
+        trainer = pl.Trainer(
+            default_root_dir=root,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            num_sanity_val_steps=0,
+            **settings,
+        )
+        validation = DataLoader(Items(), batch_size=25, shuffle=True, seed=9)
+        trainer.fit(module, loader(), validation, ckpt_path=ckpt_path)
+        return module.validated
+
+    whole = run(tmp_path / "whole", max_epochs=3, enable_checkpointing=False)
+    first = run(tmp_path / "first", max_epochs=1)
+    (checkpoint,) = (tmp_path / "first").rglob("*.ckpt")
+    rest = run(tmp_path / "rest", checkpoint, max_epochs=3)
+    assert whole[:4] != whole[4:8]  # each epoch's validation in an order of its own
+    assert first + rest == whole
+
+
 class Data(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
     """The loader in a data module that keeps its state in every checkpoint, as
     docs/checkpointing.md says: Lightning restores a loader's own state only inside an epoch."""
