@@ -252,20 +252,32 @@ async def _drive(context: EpochContext, batches: EpochBatches, handoff: Handoff)
                 break
             handoff.put(outcome)
         handoff.put(END)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as error:  # a fault of the driver itself: end loudly, never hang
         handoff.put(Failure(error))
         handoff.put(END)
     finally:
-        waits: list[asyncio.Future[Any]] = [*running]
-        if opener is not None:
-            waits.append(opener)
-        for task in waits:
-            task.cancel()
-        try:
-            if waits:
-                await asyncio.wait(waits)
-        finally:  # a second cancellation while the batches end still cancels the lanes
-            if fetcher is not None:
-                await fetcher.aclose()
+        # A loop closed with the epoch pending runs nothing again: the collector closes
+        # this coroutine, and its tasks go with it.
+        if not loop.is_closed():
+            await _settle(running, opener, fetcher)
+
+
+async def _settle(
+    running: deque[asyncio.Future[Outcome]],
+    opener: asyncio.Task[None] | None,
+    fetcher: Lanes | ThreadLanes | _Whole | None,
+) -> None:
+    """Cancel the epoch's batch tasks and its opener, wait for them, then close the lanes."""
+    waits: list[asyncio.Future[Any]] = [*running]
+    if opener is not None:
+        waits.append(opener)
+    for task in waits:
+        task.cancel()
+    try:
+        if waits:
+            await asyncio.wait(waits)
+    finally:  # a second cancellation while the batches end still cancels the lanes
+        if fetcher is not None:
+            await fetcher.aclose()

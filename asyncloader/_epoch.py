@@ -61,8 +61,11 @@ class _Scope:
         self._key = epoch_key.set(self._augment)
 
     def __exit__(self, *exc: object) -> None:
-        current.reset(self._token)
-        epoch_key.reset(self._key)
+        try:
+            current.reset(self._token)
+            epoch_key.reset(self._key)
+        except ValueError:  # a driver's coroutine closed by the collector, in no task of its
+            pass  # own (its loop closed with it pending): that context is gone already
 
 
 @dataclass(frozen=True)

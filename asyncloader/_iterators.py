@@ -439,6 +439,8 @@ class AsyncEpochIterator:
         loop = task.get_loop()
         if not loop.is_closed():
             loop.call_soon_threadsafe(task.cancel)
+        else:  # closed with the epoch pending: it can never run again, so let it go
+            _DRIVERS.discard(task)
 
     def __del__(self) -> None:
         self._abandon()

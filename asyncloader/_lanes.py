@@ -272,6 +272,8 @@ class Lanes:
                 try:
                     item = await get(fetch.indices[position])
                 except BaseException as error:
+                    if isinstance(error, GeneratorExit):  # closed, not cancelled: no loop runs
+                        raise
                     fetch.fetch_failed(position, clock() - started, error)
                     if isinstance(error, asyncio.CancelledError):
                         raise

@@ -550,3 +550,38 @@ def test_closing_one_iterator_leaves_the_jobs_of_another_alone(
         assert len(taken) == 3
         with pytest.raises(StopIteration):
             next(second)
+
+
+def test_an_epoch_left_pending_on_a_closed_loop_is_let_go_quietly() -> None:
+    # A sync wrapper that runs `loop.run_until_complete(anext(iterator))` and closes its loop
+    # leaves the epoch's tasks pending there. Each driver stayed referenced for good (with
+    # its dataset and batches), and as the collector closed its coroutines a lane swallowed
+    # the GeneratorExit ("coroutine ignored GeneratorExit") and called the closed loop
+    # ("Event loop is closed"), and the driver reset its context variables from another
+    # context. asyncio's own "Task was destroyed but it is pending!" is the caller's due.
+    result = run_script(
+        """
+        import asyncio, gc
+        from asyncloader import DataLoader, _iterators
+        from tests.datasets import AsyncData
+
+        loader = DataLoader(AsyncData(4000, delay=0.002), batch_size=4, num_workers=2)
+        for _ in range(3):
+            loop = asyncio.new_event_loop()
+            iterator = aiter(loader)
+            loop.run_until_complete(anext(iterator))
+            loop.close()
+            del iterator
+            gc.collect()
+        print("drivers kept", len(_iterators._DRIVERS))
+        loader.dataset.n = 8
+        print([batch.tolist() for batch in loader])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "drivers kept 0",
+        "[[0, 1, 2, 3], [4, 5, 6, 7]]",
+    ], result.stdout + result.stderr
+    for noise in ("ignored GeneratorExit", "Event loop is closed", "different Context"):
+        assert noise not in result.stderr, result.stderr
