@@ -168,7 +168,8 @@ def _start(
     variable at 128 KiB: a path of a few hundred entries (Bazel's runfiles, a PEX) is more.
     Its options (``-W``, ``-X dev``, ``-O``, ...) are passed on as ``multiprocessing`` passes
     them to the processes it starts: the user's code runs under the same warning filters in a
-    worker as on a thread.
+    worker as on a thread. Its stdin is ``/dev/null``, as ``multiprocessing`` gives its
+    processes: a worker that reads stdin (a ``breakpoint()``) takes nothing of the loader's.
     """
     # Only what imports look in (a pathlib.Path in sys.path is passed over, and marshal
     # could not write it).
@@ -187,6 +188,7 @@ def _start(
         )
         return subprocess.Popen(
             [sys.executable, *_OPTIONS(), "-c", code],
+            stdin=subprocess.DEVNULL,
             pass_fds=[*pass_fds, boot],
             env={**env, "ASYNCLOADER_BOOT": str(boot)},
         )

@@ -381,3 +381,23 @@ class RunsAJob:
             [sys.executable, "-c", job], capture_output=True, text=True, timeout=60, check=False
         )
         return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+class ReadsStdin:
+    """Item ``i`` is what ``sys.stdin`` holds when the item is made (a script that asks its
+    user, a ``breakpoint()``); with ``thread``, loading starts a thread (each worker is then
+    a fresh interpreter)."""
+
+    def __init__(self, n: int, thread: bool = False) -> None:
+        self.n, self.thread = n, thread
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.thread:
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+
+    def __getitem__(self, index: int) -> str:
+        return sys.stdin.read()

@@ -1400,6 +1400,36 @@ async def test_an_async_epoch_on_the_callers_loop() -> None:
     await asyncio.sleep(0)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("thread", [False, True], ids=["forked", "fresh"])
+def test_a_worker_reads_nothing_of_the_loaders_stdin(thread: bool) -> None:
+    # The zygote, and so every worker, inherited the loader's stdin: a worker that read it
+    # took the lines piped to the training script (and a `breakpoint()` in a worker read the
+    # terminal beside the script's own). multiprocessing gives its processes, and so torch's
+    # workers, /dev/null.
+    script = f"""
+        import sys
+        from asyncloader import DataLoader
+        from tests import proc_data
+
+        dataset = proc_data.ReadsStdin(2, thread={thread})
+        with DataLoader(dataset, batch_size=1, collate_fn=list, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            print([batch for batch in loader])
+        print(repr(sys.stdin.read()))
+        """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        input="first\nsecond\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[[''], ['']]", repr("first\nsecond\n")]
+
+
 def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
     # `python -c` puts the working directory first on sys.path: a package of the same name
     # there (a checkout beside an installed copy, say) would be what the zygote imports.
