@@ -9,8 +9,12 @@ the start of each epoch (after ``set_epoch(epoch)`` when it has one, as torch's
 from __future__ import annotations
 
 import operator
+import os
+import sys
+import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Final, overload
 
 import numpy as np
 
@@ -171,6 +175,46 @@ class DistributedSampler(Sampler):
         )
 
 
+SLOW_READ_S: Final = 10.0
+"""How long reading an epoch's sampler may take before a warning says so: one that never ends
+(an infinite sampler, for training by steps, which torch reads as the batches go) would
+otherwise leave the loader silent for ever, its memory growing."""
+
+
+class _ReadWatch:
+    """Warns, once, when reading ``what`` has taken :data:`SLOW_READ_S`."""
+
+    def __init__(self, what: str, sampler: object) -> None:
+        self.what, self.sampler = what, sampler
+        self.started = time.monotonic()
+        self.said = False
+
+    def check(self, count: int, unit: str) -> None:
+        elapsed = time.monotonic() - self.started
+        if self.said or elapsed < SLOW_READ_S:
+            return
+        self.said = True
+        warnings.warn(
+            f"the {self.what} ({type(self.sampler).__name__}) has yielded {count:,} {unit} in "
+            f"{elapsed:.0f} s and goes on: the loader reads an epoch's {self.what} whole before "
+            "its first batch, so one that never ends (an infinite sampler, for training by "
+            "steps) never lets the epoch start; give it one epoch's indices and run the epochs "
+            "one after another (Ctrl-C stops the reading; under asyncio.run, whose first "
+            "Ctrl-C waits for the loop, a second one)",
+            stacklevel=_outside(),
+        )
+
+
+def _outside() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning issued by
+    this function's caller."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def read_sampler(sampler: object, length: int, epoch: int) -> Sequence[int]:
     """Read the indices of one epoch from ``sampler``, checking that each is an ``int``.
 
@@ -185,8 +229,11 @@ def read_sampler(sampler: object, length: int, epoch: int) -> Sequence[int]:
         return drawn if isinstance(drawn, range | list | Permutation) else list(drawn)
     assert isinstance(sampler, Iterable)
     indices: list[int] = []
+    watch = _ReadWatch("sampler", sampler)
     for position, value in enumerate(sampler):
         indices.append(_index(value, "sampler", position))
+        if not position & 0xFFFF:
+            watch.check(position, "indices")
     return indices
 
 
@@ -205,7 +252,10 @@ def _index(value: Any, what: str, position: int) -> int:
 def read_batch_sampler(batch_sampler: Iterable[object]) -> ListedBatches:
     """Read one epoch of ``batch_sampler`` (lists of indices), checking each index."""
     batches: list[list[int]] = []
+    watch = _ReadWatch("batch_sampler", batch_sampler)
     for number, batch in enumerate(batch_sampler):
+        if not number & 0x3FF:
+            watch.check(number, "batches")
         if isinstance(batch, str | bytes) or not isinstance(batch, Iterable):
             raise TypeError(
                 f"batch_sampler yielded {type(batch).__name__} for batch {number}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncloader import DataLoader, RandomSampler
+from asyncloader import DataLoader, RandomSampler, _sampler
 from asyncloader._sampler import Permutation, SequentialSampler, cut_batches, read_sampler
 from asyncloader._skip import ErrorPolicy
 
@@ -200,6 +201,45 @@ def test_a_sampler_is_read_at_the_start_of_each_epoch() -> None:
         second = [batch.tolist() for batch in loader]
     assert first == [[5, 3], [1]]
     assert second == [[5, 3], [1, 0]]
+
+
+class EndsOnceWarned:
+    """A sampler that would go on for ever (one for training by steps): it ends only once
+    ``warned`` holds a warning; with ``batches``, a batch sampler of such."""
+
+    def __init__(self, warned: list[warnings.WarningMessage], batches: bool) -> None:
+        self.warned, self.batches = warned, batches
+
+    def __iter__(self) -> Any:
+        count = 0
+        while not self.warned:
+            yield [count % 10] if self.batches else count % 10
+            count += 1
+
+
+@pytest.mark.parametrize("what", ["sampler", "batch_sampler"])
+def test_a_sampler_that_goes_on_and_on_is_named_in_a_warning(
+    what: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The epoch's sampler is read whole before its first batch: one that never ended (torch
+    # takes such samplers, read as the batches go) left the loader silent for ever, its
+    # memory growing.
+    monkeypatch.setattr(_sampler, "SLOW_READ_S", 0.05)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        sampler = EndsOnceWarned(warned, batches=what == "batch_sampler")
+        settings: dict[str, Any] = {what: sampler}
+        if what == "sampler":
+            settings["batch_size"] = 2
+        with DataLoader(SyncData(10), **settings) as loader:
+            first = next(iter(loader)).tolist()
+    assert first == ([0, 1] if what == "sampler" else [0])
+    (warning,) = warned
+    assert warning.category is UserWarning
+    message = str(warning.message)
+    assert f"the {what} (EndsOnceWarned) has yielded" in message, message
+    assert "never ends" in message, message
+    assert warning.filename == __file__
 
 
 def test_a_transform_gets_the_index_and_runs_off_the_consumer_thread() -> None:
