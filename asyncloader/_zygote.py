@@ -181,17 +181,27 @@ def _start(
             pickle.dump(payload, file)
         os.lseek(boot, 0, os.SEEK_SET)
         code = (
+            "import signal; "
+            "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
             "import marshal, os, sys; "
             "boot = open(int(os.environ.pop('ASYNCLOADER_BOOT')), 'rb'); "
             "sys.path[:] = marshal.load(boot); "
             f"from asyncloader._zygote import {entry}; {entry}(boot)"
         )
-        return subprocess.Popen(
-            [sys.executable, *_OPTIONS(), "-c", code],
-            stdin=subprocess.DEVNULL,
-            pass_fds=[*pass_fds, boot],
-            env={**env, "ASYNCLOADER_BOOT": str(boot)},
-        )
+        # Ctrl-C reaches every process of the terminal's group, and is the loader's to handle:
+        # the child starts with SIGINT blocked (a thread's mask crosses fork and exec), so one
+        # that comes before its first line ignores it is dropped, never its death.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+        try:
+            return subprocess.Popen(
+                [sys.executable, *_OPTIONS(), "-c", code],
+                stdin=subprocess.DEVNULL,
+                pass_fds=[*pass_fds, boot],
+                env={**env, "ASYNCLOADER_BOOT": str(boot)},
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     finally:
         os.close(boot)
 
@@ -375,7 +385,6 @@ def _fork(
 
 def main(boot: BinaryIO) -> None:
     """The zygote: import the work's modules, then fork workers until the loader goes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=_payload(boot))
     conn = Connection(os.dup(sock.fileno()))
     with sock, conn:
@@ -423,7 +432,6 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
 def alone(boot: BinaryIO) -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, source, sys.argv, memory, layout = _payload(boot)
     if source is not None:
         _import_main(source)

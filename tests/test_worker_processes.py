@@ -1086,6 +1086,53 @@ def test_ctrl_c_amid_a_job_says_nothing_of_the_worker_it_stops(tmp_path: Any) ->
 
 
 @pytest.mark.timeout(120)
+def test_ctrl_c_as_the_workers_server_starts_leaves_it_whole() -> None:
+    # Ctrl-C reaches every process of the terminal's foreground group. The zygote ignored
+    # SIGINT only once it had imported asyncloader (0.3 s here): one that came before killed
+    # it ("Fatal Python error: init_sys_streams", a KeyboardInterrupt traceback on the
+    # terminal), and every later batch failed ("the worker processes' server exited with
+    # code 1 as it loaded the work"), a loader that went on after the interrupt broken.
+    # Here the SIGINT goes to the zygote alone, as soon as it runs, ignored or not yet.
+    result = _child(
+        """
+        def children():
+            found = []
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{task}/children") as listed:
+                        found += [int(pid) for pid in listed.read().split()]
+                except OSError:
+                    continue  # a thread that ended meanwhile
+            return found
+
+        loader = DataLoader(list(range(8)), batch_size=2, cpu_processes=1)
+        it = iter(loader)
+        deadline, sent = time.monotonic() + 30, False
+        while not sent and time.monotonic() < deadline:
+            for pid in children():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as command:
+                        # (spelt in two, or this script's own command line would match)
+                        if b"asyncloader." + b"_zygote import" not in command.read():
+                            continue  # forked, not yet the zygote's interpreter
+                except OSError:
+                    continue
+                os.kill(pid, signal.SIGINT)
+                sent = True
+        assert sent, "no zygote seen"
+        print([batch.tolist() for batch in it], flush=True)
+        assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+        print([batch.tolist() for batch in loader], flush=True)
+        loader.close()
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    epoch = "[[0, 1], [2, 3], [4, 5], [6, 7]]"
+    assert result.stdout.splitlines() == [epoch, epoch]
+    assert result.stderr == ""
+
+
+@pytest.mark.timeout(120)
 def test_exit_without_close_does_not_hang() -> None:
     result = _child(RUNNING + 'print("done")\n')
     assert result.returncode == 0, result.stderr
