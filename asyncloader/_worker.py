@@ -10,8 +10,9 @@ fetched). Each job runs in the code the threads run (:mod:`._epoch`), under the 
 goes back through shared memory (:mod:`._shared`); a failure goes back as a value: the
 exception pickled if it can be, its text and its traceback.
 
-A worker ignores SIGINT: Ctrl-C is the loader's to handle, and it stops its workers. It exits
-when the loader says so or goes away (its socket closes).
+A worker takes SIGINT and SIGTERM and does nothing (the zygote set it so): Ctrl-C and a job's
+SIGTERM are the loader's process's to handle, and it stops its workers. It exits when the
+loader says so or goes away (its socket closes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import mmap
 import os
 import pickle
 import random
-import signal
 import socket
 import sys
 import time
@@ -212,7 +212,6 @@ def message(value: object) -> memoryview:
 
 def serve(conn: Connection, work: Work) -> None:
     """The worker's life, with the work loaded: run jobs until told to stop or orphaned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     reseed()
     arena = Arena(work.held)
     set_arena(arena)

@@ -155,6 +155,27 @@ class WorkerProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
+_SHIELDED: Final = (signal.SIGINT, signal.SIGTERM)
+"""Signals sent to every process of a job, that are its main process's to handle: Ctrl-C (to
+the terminal's foreground group) and SIGTERM (SLURM's preemption, ``scancel`` and time limit,
+systemd's stop; a SIGKILL follows after a grace time in which a training loop saves its
+checkpoint). The zygote and the workers take them and do nothing: they exit when the loader
+closes or its process goes (their sockets close)."""
+
+
+def _unheeded(number: int, frame: object) -> None:
+    """A shielded signal's handler: nothing. Caught rather than ignored, since a program a
+    worker starts keeps what is ignored (exec resets only what is caught): it must take Ctrl-C
+    and ``terminate()`` as usual."""
+
+
+def _shield() -> None:
+    """Take the shielded signals, which the process started with blocked (:func:`_start`)."""
+    for number in _SHIELDED:
+        signal.signal(number, _unheeded)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SHIELDED)
+
+
 def _start(
     entry: str, payload: object, pass_fds: list[int], env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
@@ -181,18 +202,14 @@ def _start(
             pickle.dump(payload, file)
         os.lseek(boot, 0, os.SEEK_SET)
         code = (
-            "import signal; "
-            "signal.signal(signal.SIGINT, signal.SIG_IGN); "
-            "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
             "import marshal, os, sys; "
             "boot = open(int(os.environ.pop('ASYNCLOADER_BOOT')), 'rb'); "
             "sys.path[:] = marshal.load(boot); "
             f"from asyncloader._zygote import {entry}; {entry}(boot)"
         )
-        # Ctrl-C reaches every process of the terminal's group, and is the loader's to handle:
-        # the child starts with SIGINT blocked (a thread's mask crosses fork and exec), so one
-        # that comes before its first line ignores it is dropped, never its death.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+        # The child starts with the shielded signals blocked (a thread's mask crosses fork and
+        # exec): one that comes before it can take them waits for it, never its death.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _SHIELDED)
         try:
             return subprocess.Popen(
                 [sys.executable, *_OPTIONS(), "-c", code],
@@ -385,6 +402,7 @@ def _fork(
 
 def main(boot: BinaryIO) -> None:
     """The zygote: import the work's modules, then fork workers until the loader goes."""
+    _shield()
     sock = socket.socket(fileno=_payload(boot))
     conn = Connection(os.dup(sock.fileno()))
     with sock, conn:
@@ -432,6 +450,7 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
 def alone(boot: BinaryIO) -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
+    _shield()
     fd, source, sys.argv, memory, layout = _payload(boot)
     if source is not None:
         _import_main(source)

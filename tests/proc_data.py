@@ -401,3 +401,23 @@ class ReadsStdin:
 
     def __getitem__(self, index: int) -> str:
         return sys.stdin.read()
+
+
+class ChildSignals:
+    """Item ``i`` is how a Python process that the dataset starts finds SIGINT and SIGTERM
+    (a tool run per item), as ``signal.getsignal`` names them."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> str:
+        probe = (
+            "import signal\n"
+            "for number in (signal.SIGINT, signal.SIGTERM):\n"
+            "    handler = signal.getsignal(number)\n"
+            "    print(handler.__name__ if callable(handler) else signal.Handlers(handler).name)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        )
+        return " ".join(done.stdout.split())

@@ -1133,6 +1133,57 @@ def test_ctrl_c_as_the_workers_server_starts_leaves_it_whole() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_sigterm_to_the_whole_job_leaves_the_workers_to_the_loader() -> None:
+    # SLURM (preemption, scancel, the time limit) and systemd send SIGTERM to every process of
+    # the job, then SIGKILL after a grace time in which a training loop saves its checkpoint.
+    # The workers and their server died at once: the loop's next batches failed
+    # ("killed by signal SIGTERM"), and so did the save it had the grace time for. torch's
+    # workers die so too.
+    script = """
+        import os, signal
+        from asyncloader import DataLoader
+        from tests import proc_data
+
+        asked = []
+        signal.signal(signal.SIGTERM, lambda *_: asked.append(True))  # the loop's own handler
+        with DataLoader(proc_data.Images(40), batch_size=4, cpu_processes=2) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            it = iter(loader)
+            got = [len(next(it))]
+            os.killpg(0, signal.SIGTERM)  # this process, the zygote and the workers
+            while not asked:
+                signal.sigtimedwait([], 0.01)  # the handler runs in this thread, between these
+            got += [len(batch) for batch in it]
+            print(got, flush=True)
+            print([len(batch) for batch in loader], flush=True)
+        """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        start_new_session=True,  # its own process group, for its killpg
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str([4] * 10)] * 2
+    assert done.stderr == ""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
+    # The workers ignored SIGINT, and what a process ignores, the programs it starts ignore
+    # too: a tool that a dataset ran per item could not be stopped by Ctrl-C nor, had SIGTERM
+    # been ignored as well, by terminate(). multiprocessing's processes, and torch's workers,
+    # start them with Python's defaults.
+    with ready(
+        DataLoader(proc_data.ChildSignals(), batch_size=None, collate_fn=None, cpu_processes=1)
+    ) as loader:
+        (found,) = list(loader)
+    assert found == "default_int_handler SIG_DFL"
+
+
+@pytest.mark.timeout(120)
 def test_exit_without_close_does_not_hang() -> None:
     result = _child(RUNNING + 'print("done")\n')
     assert result.returncode == 0, result.stderr
