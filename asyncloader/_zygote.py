@@ -19,7 +19,6 @@ each worker (its own socket).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import importlib
 import marshal
@@ -175,20 +174,6 @@ def _shield() -> None:
     for number in _SHIELDED:
         signal.signal(number, _unheeded)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SHIELDED)
-
-
-_PR_SET_PDEATHSIG: Final = 1
-"""Linux's ``prctl`` option: the signal a process gets when the thread that started it ends."""
-
-
-def _die_with(parent: int) -> None:
-    """SIGKILL this worker when ``parent``, the zygote, ends: it ends as the loader's process
-    goes, and a worker reads its socket only between jobs, so one in a call that never returns
-    would live on, an orphan. (The zygote forks and starts its workers from its one thread.)"""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # it ended before the call: no signal will come
-        os._exit(1)
 
 
 def _start(
@@ -393,15 +378,13 @@ def _fork(
     memory: _Memory,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        payload = (os.getpid(), fd, source, sys.argv, *memory)
+        payload = (fd, source, sys.argv, *memory)
         return _start("alone", payload, [fd, memory[0]], dict(os.environ)).pid
-    zygote = os.getpid()
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:  # the worker: it never returns into the zygote's loop
-        _die_with(zygote)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for descriptor in inherited:
@@ -468,8 +451,7 @@ def alone(boot: BinaryIO) -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
     _shield()
-    zygote, fd, source, sys.argv, memory, layout = _payload(boot)
-    _die_with(zygote)
+    fd, source, sys.argv, memory, layout = _payload(boot)
     if source is not None:
         _import_main(source)
     _serve(Connection(fd), None, (memory, layout))
