@@ -182,20 +182,21 @@ otherwise leave the loader silent for ever, its memory growing."""
 
 
 class _ReadWatch:
-    """Warns, once, when reading ``what`` has taken :data:`SLOW_READ_S`."""
+    """Warns, once, when reading ``what`` (``sampler``, which yields ``unit``) has taken
+    :data:`SLOW_READ_S`."""
 
-    def __init__(self, what: str, sampler: object) -> None:
-        self.what, self.sampler = what, sampler
+    def __init__(self, what: str, sampler: object, unit: str) -> None:
+        self.what, self.name, self.unit = what, type(sampler).__name__, unit
         self.started = time.monotonic()
         self.said = False
 
-    def check(self, count: int, unit: str) -> None:
+    def check(self, count: int) -> None:
         elapsed = time.monotonic() - self.started
         if self.said or elapsed < SLOW_READ_S:
             return
         self.said = True
         warnings.warn(
-            f"the {self.what} ({type(self.sampler).__name__}) has yielded {count:,} {unit} in "
+            f"the {self.what} ({self.name}) has yielded {count:,} {self.unit} in "
             f"{elapsed:.0f} s and goes on: the loader reads an epoch's {self.what} whole before "
             "its first batch, so one that never ends (an infinite sampler, for training by "
             "steps) never lets the epoch start; give it one epoch's indices and run the epochs "
@@ -229,11 +230,11 @@ def read_sampler(sampler: object, length: int, epoch: int) -> Sequence[int]:
         return drawn if isinstance(drawn, range | list | Permutation) else list(drawn)
     assert isinstance(sampler, Iterable)
     indices: list[int] = []
-    watch = _ReadWatch("sampler", sampler)
+    watch = _ReadWatch("sampler", sampler, "indices")
     for position, value in enumerate(sampler):
         indices.append(_index(value, "sampler", position))
         if not position & 0xFFFF:
-            watch.check(position, "indices")
+            watch.check(position)
     return indices
 
 
@@ -252,10 +253,10 @@ def _index(value: Any, what: str, position: int) -> int:
 def read_batch_sampler(batch_sampler: Iterable[object]) -> ListedBatches:
     """Read one epoch of ``batch_sampler`` (lists of indices), checking each index."""
     batches: list[list[int]] = []
-    watch = _ReadWatch("batch_sampler", batch_sampler)
+    watch = _ReadWatch("batch_sampler", batch_sampler, "batches")
     for number, batch in enumerate(batch_sampler):
         if not number & 0x3FF:
-            watch.check(number, "batches")
+            watch.check(number)
         if isinstance(batch, str | bytes) or not isinstance(batch, Iterable):
             raise TypeError(
                 f"batch_sampler yielded {type(batch).__name__} for batch {number}; "

@@ -913,7 +913,9 @@ def test_resume_with_processes_is_exact() -> None:
     )
 
 
-def _child(script: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def _child(script: str, timeout: float = 60.0, **options: Any) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a child, after the imports it shares; ``options`` for ``subprocess.run``
+    (its ``input``, a session of its own)."""
     prelude = "import os, sys, signal, time\nfrom asyncloader import DataLoader\n"
     prelude += "from tests import proc_data\n"
     return subprocess.run(
@@ -922,6 +924,7 @@ def _child(script: str, timeout: float = 60.0) -> subprocess.CompletedProcess[st
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        **options,
     )
 
 
@@ -1140,10 +1143,6 @@ def test_sigterm_to_the_whole_job_leaves_the_workers_to_the_loader() -> None:
     # ("killed by signal SIGTERM"), and so did the save it had the grace time for. torch's
     # workers die so too.
     script = """
-        import os, signal
-        from asyncloader import DataLoader
-        from tests import proc_data
-
         asked = []
         signal.signal(signal.SIGTERM, lambda *_: asked.append(True))  # the loop's own handler
         with DataLoader(proc_data.Images(40), batch_size=4, cpu_processes=2) as loader:
@@ -1157,14 +1156,7 @@ def test_sigterm_to_the_whole_job_leaves_the_workers_to_the_loader() -> None:
             print(got, flush=True)
             print([len(batch) for batch in loader], flush=True)
         """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        start_new_session=True,  # its own process group, for its killpg
-    )
+    done = _child(script, start_new_session=True)  # its own process group, for its killpg
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [str([4] * 10)] * 2
     assert done.stderr == ""
@@ -1506,24 +1498,13 @@ def test_a_worker_reads_nothing_of_the_loaders_stdin(thread: bool) -> None:
     # terminal beside the script's own). multiprocessing gives its processes, and so torch's
     # workers, /dev/null.
     script = f"""
-        import sys
-        from asyncloader import DataLoader
-        from tests import proc_data
-
         dataset = proc_data.ReadsStdin(2, thread={thread})
         with DataLoader(dataset, batch_size=1, collate_fn=list, cpu_processes=1) as loader:
             assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
             print([batch for batch in loader])
         print(repr(sys.stdin.read()))
         """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        input="first\nsecond\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    done = _child(script, input="first\nsecond\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[[''], ['']]", repr("first\nsecond\n")]
 
