@@ -11,8 +11,8 @@ there when it ends one), the oldest batch first.
 A result is rebuilt on the shared memory the worker wrote it into (:mod:`._shared`) and
 resolves the job's asyncio future. A worker that dies (a segfault, ``os._exit``, the OOM
 killer) fails the jobs it held with a :class:`WorkerError` naming the signal or exit code, and
-is replaced; a worker that cannot load the work breaks the pool, and every job then fails
-saying why.
+is replaced (a zygote killed alone after it served is started again for that); a worker that
+cannot load the work breaks the pool, and every job then fails saying why.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Reply:
 
 
 class _Task:
-    __slots__ = ("epoch", "future", "job", "loop", "number")
+    __slots__ = ("epoch", "future", "job", "loop", "number", "priority")
 
     def __init__(
         self, job: Job, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Reply]
@@ -120,6 +120,7 @@ class _Task:
         self.job, self.loop, self.future = job, loop, future
         self.number = 0
         """The job's number, unique in its pool: its worker's answer carries it back."""
+        self.priority = priority.get()
         self.epoch = epoch_jobs.get()
         """The jobs of the epoch it is part of, if any, where it counts until settled."""
 
@@ -144,7 +145,9 @@ class _Worker:
         self.pool = pool
         self.number = number
         assert pool.zygote is not None
-        self.process, self.sock = pool.zygote.spawn(number)
+        self.zygote = pool.zygote
+        """The server it was forked from."""
+        self.process, self.sock = self.zygote.spawn(number)
         self.conn = Connection(os.dup(self.sock.fileno()))
         self.held: deque[_Task] = deque()
         """Jobs sent and not yet answered, in the order sent (and answered)."""
@@ -231,6 +234,7 @@ class _Worker:
             _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
             self.mapped = Mapped(fds[0])
             self.ready = True
+            self.zygote.served = True
             self.pool.started()
             while True:
                 number, reply = pickle.loads(self.conn.recv_bytes())
@@ -294,11 +298,18 @@ class _Worker:
             logger.debug("asyncloader worker process %d %s", self.number, reason)
         elif held and self.ready:  # one that could not start: broke() says why, once
             logger.warning("asyncloader worker process %d %s", self.number, reason)
+        zygote = self.zygote
+        if not self.ready and zygote.served and zygote.process.poll() is not None:
+            # Its server died after it had served (killed alone: the OOM killer), before this
+            # worker could load the work: it ran none of its jobs, and another server forks
+            # its replacement.
+            pool.requeue(held)
+            self._replace()
+            return
         if not self.ready:  # it could not even start: a new one would fare no better
-            zygote = pool.zygote
-            failure = None if zygote is None else zygote.failure
+            failure = zygote.failure
             ended = None
-            if zygote is not None and not self.process.pid:  # never forked: did the zygote end?
+            if not self.process.pid:  # never forked: did the zygote end?
                 with contextlib.suppress(subprocess.TimeoutExpired):  # it may still be exiting
                     ended = zygote.process.wait(timeout=1.0)
             if failure is not None:
@@ -323,11 +334,14 @@ class _Worker:
         )
         for task in held:
             task.resolve(None, error)
+        self._replace()
+
+    def _replace(self) -> None:
         try:
-            pool.replace(self)
+            self.pool.replace(self)
         except Exception as failed:
             error = WorkerError(f"a new asyncloader worker process could not start: {failed}")
-            pool.broke(error, start_failed=True)
+            self.pool.broke(error, start_failed=True)
 
     @property
     def sending(self) -> bool:
@@ -385,6 +399,8 @@ class ProcessPool:
         self._changed = threading.Condition(threading.Lock())
         self._ready = threading.Event()
         self._starter: threading.Thread | None = None
+        self._reviving = threading.Lock()
+        """Held while a server killed alone is replaced: one new server, whoever notices."""
         self._start_time: float | None = None
         self._slow_said = False
 
@@ -401,11 +417,7 @@ class ProcessPool:
 
     def _start(self) -> None:
         try:
-            work = self.work.descriptor()
-            try:
-                self.zygote = Zygote(self.work.modules, self.work.main, work, self.work.layout)
-            finally:
-                os.close(work)
+            self.zygote = self._new_zygote()
             with self._changed:
                 self.workers = [_Worker(self, number) for number in range(self.processes)]
             for worker in self.workers:
@@ -414,6 +426,27 @@ class ProcessPool:
             self.broke(
                 WorkerError(f"the worker processes could not start: {error}"), start_failed=True
             )
+
+    def _new_zygote(self) -> Zygote:
+        work = self.work.descriptor()
+        try:
+            return Zygote(self.work.modules, self.work.main, work, self.work.layout)
+        finally:
+            os.close(work)
+
+    def _revive(self) -> None:
+        """Start a new server if the one that forks the workers died after serving (its
+        workers serve on, but no new one could start)."""
+        with self._reviving:
+            dead = self.zygote
+            if dead is None or not dead.served or dead.process.poll() is None:
+                return
+            dead.close()
+            self.zygote = self._new_zygote()
+            with self._changed:
+                closed = self.closing
+        if closed:  # close() may have closed the dead one only
+            self.zygote.close()
 
     async def run(self, job: Job) -> Reply:
         """Run ``job`` in a worker; cancelling the caller drops a job not yet sent."""
@@ -426,7 +459,7 @@ class ProcessPool:
             if self._broken is not None:
                 raise self._broken
             task.number = next(self._order)
-            heapq.heappush(self._queue, (priority.get(), task.number, task))
+            heapq.heappush(self._queue, (task.priority, task.number, task))
             self._busy += 1
             if task.epoch is not None:
                 task.epoch.add(1)
@@ -484,6 +517,10 @@ class ProcessPool:
         """Start a new worker in the place of ``worker``, which died."""
         worker.close()
         with self._changed:
+            if self.closing or self._broken is not None or worker not in self.workers:
+                return
+        self._revive()
+        with self._changed:
             if self.closing or self._broken is not None:
                 return
             try:
@@ -492,6 +529,22 @@ class ProcessPool:
                 return
             worker = self.workers[position] = _Worker(self, worker.number)
         worker.serve()
+
+    def requeue(self, tasks: list[_Task]) -> None:
+        """Queue again ``tasks``, which a worker that never ran them held."""
+        with self._changed:
+            broken = self._broken
+            if broken is None and not self.closing:
+                for task in tasks:
+                    self._busy += 1
+                    if task.epoch is not None:
+                        task.epoch.add(1)
+                    heapq.heappush(self._queue, (task.priority, task.number, task))
+                self._changed.notify_all()
+                return
+        error = broken or RuntimeError("the loader's worker processes are shut down")
+        for task in tasks:
+            task.resolve(None, error)
 
     def broke(self, error: BaseException, start_failed: bool = False) -> BaseException:
         """No worker can run the work: fail every job, now and later, with the first such

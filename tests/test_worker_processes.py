@@ -343,6 +343,41 @@ def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> 
         _same(_batches(loader, 1), first)
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "together"])
+def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_worker(
+    together: bool,
+) -> None:
+    # The zygote holds the loaded work, as large as a worker's, so the OOM killer may take it
+    # (alone, or with a worker). Its workers serve on; until session 41 the next worker to die
+    # could not be replaced and every batch of every later epoch failed, saying the server
+    # "was killed by signal SIGKILL as it loaded the work".
+    with ready(DataLoader(proc_data.Images(16), batch_size=4, cpu_processes=2)) as loader:
+        expected = _batches(loader, 1)
+        pid = _all_loaded(loader)[0]
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        assert procs.zygote is not None
+        dying = procs.workers[0]
+        zygote = procs.zygote.process
+        zygote.kill()
+        if not together:
+            zygote.wait(10.0)
+            _same(_batches(loader, 1), expected)  # its workers serve on
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while procs.workers[0] is dying:
+            assert time.monotonic() < deadline, "the dead worker was never noticed"
+            time.sleep(0.01)
+        epochs = [run_epoch(loader) for _ in range(2)]
+        failed = [
+            [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
+        ]
+        assert failed == [[], []]
+        _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+        assert len(_all_loaded(loader)) == 2  # both workers' places filled
+        assert procs.zygote.process is not zygote
+
+
 def test_a_worker_whose_threads_cannot_start_is_closed_cleanly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
