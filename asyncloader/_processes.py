@@ -66,6 +66,8 @@ def _reason(code: int | None) -> str:
             return f"was killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code is None:  # never forked, or orphaned: the zygote that reports exits is gone
+        return "ended, its exit status unknown"
     return f"exited with code {code}"
 
 

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO, Final
@@ -118,7 +119,12 @@ def _threads() -> int:
 
 class WorkerProcess:
     """A worker forked by the zygote, as the loader sees it: its pid once forked, its exit
-    status once the zygote reports it."""
+    status once the zygote reports it.
+
+    It is held by a pidfd too, where Linux has them: the loader can then kill it without
+    hitting another process that took its pid, and, once the zygote is gone (killed alone:
+    its workers serve on), see it exit.
+    """
 
     def __init__(self, number: int) -> None:
         self.number = number
@@ -126,10 +132,30 @@ class WorkerProcess:
         self.exitcode: int | None = None
         self._forked = threading.Event()
         self._ended = threading.Event()
+        self._pidfd: int | None = None
+        self._orphan = False
 
     def forked(self, pid: int) -> None:
         self.pid = pid
+        with contextlib.suppress(OSError, AttributeError):  # gone, out of descriptors, no pidfds
+            self._pidfd = os.pidfd_open(pid)
+            weakref.finalize(self, os.close, self._pidfd)
         self._forked.set()
+
+    def orphaned(self) -> None:
+        """The zygote is gone: nobody will report its exit, which its pidfd shows instead
+        (without one, it is taken for ended)."""
+        if self._pidfd is None:
+            self.ended(None)
+        else:
+            self._orphan = True
+
+    def _exited(self, timeout: float) -> bool:
+        """Whether an orphan's pidfd says it exited, within ``timeout``."""
+        assert self._pidfd is not None
+        if select.select([self._pidfd], [], [], timeout)[0]:
+            self.ended(None)
+        return self._ended.is_set()
 
     def ended(self, code: int | None) -> None:
         self.exitcode = code
@@ -143,15 +169,23 @@ class WorkerProcess:
 
     def join(self, timeout: float) -> bool:
         """Wait until it exited (or its exit can no longer be known); whether it did."""
+        if self._orphan:
+            return self._exited(timeout)
         return self._ended.wait(timeout)
 
     def is_alive(self) -> bool:
+        if self._orphan:
+            return not self._exited(0.0)
         return not self._ended.is_set()
 
     def kill(self) -> None:
         """SIGKILL it, if it was forked and runs."""
-        if self.pid is not None and not self._ended.is_set():
-            with contextlib.suppress(ProcessLookupError):
+        if self.pid is None or self._ended.is_set():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
                 os.kill(self.pid, signal.SIGKILL)
 
 
@@ -295,13 +329,15 @@ class Zygote:
                     self.failure = message[1]
         except (EOFError, OSError):
             pass
-        finally:  # no more news: what has not ended never will be heard of
+        finally:  # no more news: a worker not forked never will be, one forked is orphaned
             with self._lock:
-                left = [*self._workers.values(), *self._by_pid.values()]
+                unborn, forked = list(self._workers.values()), list(self._by_pid.values())
                 self._workers.clear()
                 self._by_pid.clear()
-            for worker in left:
+            for worker in unborn:
                 worker.ended(None)
+            for worker in forked:
+                worker.orphaned()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the zygote (its workers exit on their own sockets)."""

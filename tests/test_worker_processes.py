@@ -12,6 +12,7 @@ import gc
 import json
 import mmap
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -376,6 +377,33 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
         _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
         assert len(_all_loaded(loader)) == 2  # both workers' places filled
         assert procs.zygote.process is not zygote
+
+
+def test_a_worker_whose_server_was_killed_is_still_stopped_by_the_loader(tmp_path: Any) -> None:
+    # Its exit was the zygote's to report: once the zygote was gone, the loader took each of
+    # its workers for ended, so it could no longer kill one. A worker stuck in a call was
+    # never replaced (every later batch timed out) and outlived close().
+    data = proc_data.HangsOnce(12, hang_at=5, marker=str(tmp_path / "hung"))
+    with ready(DataLoader(data, batch_size=2, cpu_processes=1, timeout=0.5)) as loader:
+        [pid] = _all_loaded(loader)
+        watch = os.pidfd_open(pid)
+        try:
+            procs = loader._runtime_here().procs
+            assert procs is not None
+            assert procs.zygote is not None
+            procs.zygote.process.kill()
+            procs.zygote.process.wait(10.0)
+            iterator = iter(loader)
+            assert [len(next(iterator)) for _ in range(2)] == [2, 2]
+            with pytest.raises(TimeoutError):
+                next(iterator)
+            iterator.close()  # type: ignore[attr-defined]  # the stuck worker is replaced
+            assert [len(batch) for batch in loader] == [2] * 6  # not a TimeoutError
+            assert select.select([watch], [], [], 10.0)[0] == [watch], "the stuck one lives on"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(watch, signal.SIGKILL)
+            os.close(watch)
 
 
 def test_a_worker_whose_threads_cannot_start_is_closed_cleanly(
