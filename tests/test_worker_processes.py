@@ -398,7 +398,11 @@ def test_a_worker_whose_server_was_killed_is_still_stopped_by_the_loader(tmp_pat
             with pytest.raises(TimeoutError):
                 next(iterator)
             iterator.close()  # type: ignore[attr-defined]  # the stuck worker is replaced
-            assert [len(batch) for batch in loader] == [2] * 6  # not a TimeoutError
+            deadline = time.monotonic() + 30  # a new zygote starts it: longer than timeout=0.5
+            while procs.workers[0].process.pid in (None, pid) or not procs.workers[0].ready:
+                assert time.monotonic() < deadline, "no worker took the stuck one's place"
+                time.sleep(0.01)
+            assert [len(batch) for batch in loader] == [2] * 6
             assert select.select([watch], [], [], 10.0)[0] == [watch], "the stuck one lives on"
         finally:
             with contextlib.suppress(ProcessLookupError):
