@@ -13,7 +13,8 @@ loads the work itself).
 
 The zygote is the workers' parent: it reaps them and reports each exit status to the loader.
 It exits when the loader's end of its socket closes (the loader closed, or died), and so does
-each worker (its own socket).
+each worker (its own socket); it kills those still running as it goes (a dead loader's, in a
+call that never returns).
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ def _send(conn: Connection, message: object) -> None:
     conn.send_bytes(pickle.dumps(message))
 
 
-def _reap(conn: Connection) -> None:
+def _reap(conn: Connection, children: set[int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -369,6 +370,7 @@ def _reap(conn: Connection) -> None:
             return
         if pid == 0:
             return
+        children.discard(pid)
         _send(conn, ("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
@@ -468,21 +470,46 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
         os.set_blocking(wakeup[1], False)
         signal.set_wakeup_fd(wakeup[1])
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        _fork_workers(sock, conn, source, wakeup, work, (memory[0], memory[1]))
+    except (EOFError, OSError):  # the loader is gone
+        return
+
+
+def _fork_workers(
+    sock: socket.socket,
+    conn: Connection,
+    source: MainSource | None,
+    wakeup: tuple[int, int],
+    work: Work | None,
+    memory: _Memory,
+) -> None:
+    """Fork a worker each time the loader asks, until it goes; then end those still running.
+
+    The loader closes its workers before this socket, so those left when it closes are a
+    dead loader's: a worker reads its own socket only between jobs, and one in a call that
+    never returns would live on, an orphan, at a full core. Its pid is not reused before this
+    process reaps it, so the signal reaches it and nothing else.
+    """
+    children: set[int] = set()
+    try:
         while True:
             readable, _, _ = select.select([sock.fileno(), wakeup[0]], [], [])
             if wakeup[0] in readable:
                 os.read(wakeup[0], 512)
-                _reap(conn)
+                _reap(conn, children)
             if sock.fileno() in readable:
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork(source, fds[0], inherited, work, (memory[0], memory[1]))
+                pid = _fork(source, fds[0], inherited, work, memory)
+                children.add(pid)
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
-                _reap(conn)  # a child that ended before its handler was set
-    except (EOFError, OSError):  # the loader is gone
-        return
+                _reap(conn, children)  # a child that ended before its handler was set
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def alone(boot: BinaryIO) -> None:

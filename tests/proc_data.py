@@ -421,3 +421,22 @@ class ChildSignals:
             [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
         )
         return " ".join(done.stdout.split())
+
+
+class SpinsInAWorker:
+    """Every item spins for ever in a worker process (a call that never returns), once it has
+    written its pid to ``marker``; on the loader's own thread, it is ``0``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker, self.here = marker, os.getpid()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        if os.getpid() == self.here:
+            return 0
+        with open(self.marker, "w") as file:
+            file.write(str(os.getpid()))
+        while True:
+            pass

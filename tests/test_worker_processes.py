@@ -1243,6 +1243,45 @@ def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_worker_stuck_in_a_call_goes_with_the_loaders_process(tmp_path: Any) -> None:
+    # The loader's process killed (the OOM killer, SIGKILL) while a worker ran a call that
+    # never returns: the zygote exited as the loader's socket closed, and the worker, which
+    # reads its socket only between jobs, lived on as an orphan at 100 % of a core.
+    marker = tmp_path / "spinning"
+    script = f"""
+        import os, signal, threading
+        from asyncloader import DataLoader
+        from tests import proc_data
+
+        loader = DataLoader(proc_data.SpinsInAWorker({str(marker)!r}), cpu_processes=1)
+        assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+
+        def kill_once_it_spins():
+            while not os.path.exists({str(marker)!r}):
+                signal.sigtimedwait([], 0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill_once_it_spins).start()
+        list(loader)
+        """
+    with open(tmp_path / "out", "w") as out:  # not a pipe: an orphan would hold it open
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            stdout=out,
+            stderr=out,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == -signal.SIGKILL, (tmp_path / "out").read_text()
+    worker = int(marker.read_text())
+    try:
+        assert _gone([worker]), "the worker lives on"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
 def test_exit_without_close_does_not_hang() -> None:
     result = _child(RUNNING + 'print("done")\n')
     assert result.returncode == 0, result.stderr
