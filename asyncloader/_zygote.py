@@ -140,7 +140,9 @@ class WorkerProcess:
         self.pid = pid
         with contextlib.suppress(OSError, AttributeError):  # gone, out of descriptors, no pidfds
             self._pidfd = os.pidfd_open(pid)
-            weakref.finalize(self, os.close, self._pidfd)
+            # Not at exit: the loader's own finalizer, made before, runs after and kills
+            # through it (the process's end closes it then).
+            weakref.finalize(self, os.close, self._pidfd).atexit = False
         self._forked.set()
 
     def orphaned(self) -> None:

@@ -1289,6 +1289,26 @@ def test_exit_without_close_does_not_hang() -> None:
     assert "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.timeout(120)
+def test_exit_without_close_after_the_zygote_was_killed_is_quiet() -> None:
+    # The pidfds through which the loader watches its workers once the zygote is gone were
+    # closed at exit before the loader's own finalizer, made earlier, used them: "OSError:
+    # [Errno 9] Bad file descriptor" as it stopped the workers.
+    script = RUNNING + textwrap.dedent("""
+        procs = loader._runtime_here().procs
+        assert procs.wait_ready(30.0)
+        procs.zygote.process.kill()
+        procs.zygote.process.wait(10.0)
+        for _ in range(4):
+            next(it)
+        print("done")
+        """)
+    result = _child(script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert result.stderr == ""
+
+
 SCRIPT_DATASET = """
 import time
 import numpy as np
