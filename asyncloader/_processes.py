@@ -51,6 +51,10 @@ about a quarter of a second here; a load that waits on a network can take for ev
 DEPTH: Final = 2
 """Jobs one worker holds at most: the one it runs and the next."""
 
+REVIVALS: Final = 3
+"""Servers started in a row in the place of one killed before any worker could load the work
+(the OOM killer, again and again): the pool then breaks, as when the work cannot load."""
+
 _JOIN_S: Final = 5.0
 """How long closing waits for the workers to exit before it kills them."""
 
@@ -236,7 +240,6 @@ class _Worker:
             _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
             self.mapped = Mapped(fds[0])
             self.ready = True
-            self.zygote.served = True
             self.pool.started()
             while True:
                 number, reply = pickle.loads(self.conn.recv_bytes())
@@ -300,20 +303,23 @@ class _Worker:
             logger.debug("asyncloader worker process %d %s", self.number, reason)
         elif held and self.ready:  # one that could not start: broke() says why, once
             logger.warning("asyncloader worker process %d %s", self.number, reason)
-        zygote = self.zygote
-        if not self.ready and zygote.served and zygote.process.poll() is not None:
-            # Its server died after it had served (killed alone: the OOM killer), before this
-            # worker could load the work: it ran none of its jobs, and another server forks
-            # its replacement.
-            pool.requeue(held)
-            self._replace()
-            return
-        if not self.ready:  # it could not even start: a new one would fare no better
-            failure = zygote.failure
-            ended = None
-            if not self.process.pid:  # never forked: did the zygote end?
+        if not self.ready:
+            zygote = self.zygote
+            ended = zygote.process.poll()
+            if ended is None and not self.process.pid:  # never forked: did the zygote end?
                 with contextlib.suppress(subprocess.TimeoutExpired):  # it may still be exiting
                     ended = zygote.process.wait(timeout=1.0)
+            if ended is not None and pool.revivable(zygote):
+                # Its server died (killed alone: the OOM killer) before this worker could load
+                # the work, which loaded before: it ran none of its jobs, and another server
+                # forks its replacement.
+                pool.requeue(held)
+                self._replace()
+                return
+            # It could not even start: a new one would fare no better.
+            failure = zygote.failure
+            if self.process.pid:
+                ended = None  # forked: it, not the zygote, ended
             if failure is not None:
                 error = rebuild_error(failure, "as the worker processes started")
             elif ended is not None:  # the zygote ended before it forked: as it loaded the work
@@ -403,6 +409,10 @@ class ProcessPool:
         self._starter: threading.Thread | None = None
         self._reviving = threading.Lock()
         """Held while a server killed alone is replaced: one new server, whoever notices."""
+        self._served = False
+        """Whether a worker has loaded the work (a server that dies since was killed)."""
+        self._revivals = 0
+        """Servers started in a row in the place of one killed, no worker ready since."""
         self._start_time: float | None = None
         self._slow_said = False
 
@@ -436,13 +446,20 @@ class ProcessPool:
         finally:
             os.close(work)
 
+    def revivable(self, zygote: Zygote) -> bool:
+        """Whether a new server may take the place of ``zygote``, which died: the work loaded
+        before, ``zygote`` did not say it could not load it, and fewer than
+        :data:`REVIVALS` servers in a row died so."""
+        return self._served and zygote.failure is None and self._revivals < REVIVALS
+
     def _revive(self) -> None:
-        """Start a new server if the one that forks the workers died after serving (its
-        workers serve on, but no new one could start)."""
+        """Start a new server if the one that forks the workers died (its workers serve on,
+        but no new one could start)."""
         with self._reviving:
             dead = self.zygote
-            if dead is None or not dead.served or dead.process.poll() is None:
+            if dead is None or dead.process.poll() is None or not self.revivable(dead):
                 return
+            self._revivals += 1
             dead.close()
             self.zygote = self._new_zygote()
             with self._changed:
@@ -577,6 +594,8 @@ class ProcessPool:
 
     def started(self) -> None:
         """A worker has loaded the work: jobs go to the workers from now on."""
+        self._served = True
+        self._revivals = 0
         self._ready.set()
 
     def note_slow_start(self) -> None:

@@ -289,8 +289,6 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
-        self.served = False
-        """Whether a worker it forked loaded the work."""
         # sys.argv too, as multiprocessing gives its processes: a script that parses its
         # options as it is imported gets the same ones.
         self._conn.send_bytes(pickle.dumps((modules, source, sys.argv, work, layout)))

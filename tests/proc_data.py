@@ -187,6 +187,24 @@ class EndsAsLoaded(Sent):
         self.__dict__.update(state)
 
 
+class KilledWhenLoadedAgain(Sent):
+    """Pickles, and loads in the first process that loads it in a worker (leaving ``marker``
+    behind); any process that loads it after is killed by SIGKILL as it does (as the OOM
+    killer does to a process that takes what memory was left)."""
+
+    def __init__(self, n: int, marker: str) -> None:
+        super().__init__(n)
+        self.marker = marker
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if self.crossed(state):
+            if os.path.exists(state["marker"]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            with open(state["marker"], "w"):
+                pass
+        self.__dict__.update(state)
+
+
 class WaitsAsLoaded(Sent):
     """Pickles, but its loading in a worker waits for ever (a ``__setstate__`` that waits on
     a server that never answers)."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncloader import DataLoader, ImageCollator, SkipBudgetExceeded, WorkerError
+from asyncloader import DataLoader, ImageCollator, SkipBudgetExceeded, WorkerError, _processes
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from . import proc_data
@@ -377,6 +377,69 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
         _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
         assert len(_all_loaded(loader)) == 2  # both workers' places filled
         assert procs.zygote.process is not zygote
+
+
+def _replaced(procs: Any, zygote: Any) -> Any:
+    """The zygote that took ``zygote``'s place in ``procs``, once there is one."""
+    deadline = time.monotonic() + 30
+    while procs.zygote is zygote:
+        assert time.monotonic() < deadline, "no zygote took the dead one's place"
+        time.sleep(0.001)
+    return procs.zygote
+
+
+def test_a_server_killed_again_as_it_loads_the_work_is_started_again() -> None:
+    # The zygote started in a killed one's place, killed in turn before its worker loaded the
+    # work (the OOM killer again): it was taken for work that cannot load, and every later
+    # batch failed.
+    with ready(DataLoader(proc_data.Images(16), batch_size=4, cpu_processes=2)) as loader:
+        expected = _batches(loader, 1)
+        pid = _all_loaded(loader)[0]
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        first = procs.zygote
+        assert first is not None
+        first.process.kill()
+        first.process.wait(10.0)
+        os.kill(pid, signal.SIGKILL)
+        second = _replaced(procs, first)
+        second.process.kill()  # as it imports what the work needs
+        _replaced(procs, second)
+        epochs = [run_epoch(loader) for _ in range(2)]
+        failed = [
+            [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
+        ]
+        assert failed == [[], []]
+        _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+        assert len(_all_loaded(loader)) == 2
+
+
+def test_servers_killed_each_time_they_load_the_work_break_the_pool_after_a_few(
+    tmp_path: Any,
+) -> None:
+    data = proc_data.KilledWhenLoadedAgain(16, str(tmp_path / "loaded"))
+    with ready(DataLoader(data, batch_size=4, cpu_processes=1)) as loader:
+        pid = _all_loaded(loader)[0]
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        zygote = procs.zygote
+        assert zygote is not None
+        zygote.process.kill()
+        zygote.process.wait(10.0)
+        os.kill(pid, signal.SIGKILL)
+        started = []
+        for _ in range(_processes.REVIVALS):
+            zygote = _replaced(procs, zygote)
+            started.append(zygote)
+        outcomes = run_epoch(loader)
+        assert procs.zygote is started[-1]  # no more than REVIVALS started
+        for outcome in outcomes:
+            assert isinstance(outcome, WorkerError)
+            assert str(outcome).startswith(
+                "the asyncloader worker processes' server was killed by signal SIGKILL as it "
+                "loaded the work"
+            ), outcome
+        assert all(z.process.wait(10.0) == -signal.SIGKILL for z in started)
 
 
 def test_a_worker_whose_server_was_killed_is_still_stopped_by_the_loader(tmp_path: Any) -> None:
