@@ -379,6 +379,17 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
         assert procs.zygote.process is not zygote
 
 
+def _zygote_killed(loader: DataLoader) -> tuple[Any, Any]:
+    """``loader``'s pool, and its zygote, killed (SIGKILL) and reaped."""
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    zygote = procs.zygote
+    assert zygote is not None
+    zygote.process.kill()
+    zygote.process.wait(10.0)
+    return procs, zygote
+
+
 def _replaced(procs: Any, zygote: Any) -> Any:
     """The zygote that took ``zygote``'s place in ``procs``, once there is one."""
     deadline = time.monotonic() + 30
@@ -395,12 +406,7 @@ def test_a_server_killed_again_as_it_loads_the_work_is_started_again() -> None:
     with ready(DataLoader(proc_data.Images(16), batch_size=4, cpu_processes=2)) as loader:
         expected = _batches(loader, 1)
         pid = _all_loaded(loader)[0]
-        procs = loader._runtime_here().procs
-        assert procs is not None
-        first = procs.zygote
-        assert first is not None
-        first.process.kill()
-        first.process.wait(10.0)
+        procs, first = _zygote_killed(loader)
         os.kill(pid, signal.SIGKILL)
         second = _replaced(procs, first)
         second.process.kill()  # as it imports what the work needs
@@ -420,12 +426,7 @@ def test_servers_killed_each_time_they_load_the_work_break_the_pool_after_a_few(
     data = proc_data.KilledWhenLoadedAgain(16, str(tmp_path / "loaded"))
     with ready(DataLoader(data, batch_size=4, cpu_processes=1)) as loader:
         pid = _all_loaded(loader)[0]
-        procs = loader._runtime_here().procs
-        assert procs is not None
-        zygote = procs.zygote
-        assert zygote is not None
-        zygote.process.kill()
-        zygote.process.wait(10.0)
+        procs, zygote = _zygote_killed(loader)
         os.kill(pid, signal.SIGKILL)
         started = []
         for _ in range(_processes.REVIVALS):
