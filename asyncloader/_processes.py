@@ -51,9 +51,10 @@ about a quarter of a second here; a load that waits on a network can take for ev
 DEPTH: Final = 2
 """Jobs one worker holds at most: the one it runs and the next."""
 
-REVIVALS: Final = 3
-"""Servers started in a row in the place of one killed before any worker could load the work
-(the OOM killer, again and again): the pool then breaks, as when the work cannot load."""
+RESTARTS: Final = 3
+"""Workers started in a row in the place of one that died before it could load the work, once
+a worker has loaded it (the OOM killer, again and again, or a server killed each time it
+starts): the pool then breaks, as when the work cannot load."""
 
 _JOIN_S: Final = 5.0
 """How long closing waits for the workers to exit before it kills them."""
@@ -305,21 +306,18 @@ class _Worker:
             logger.warning("asyncloader worker process %d %s", self.number, reason)
         if not self.ready:
             zygote = self.zygote
-            ended = zygote.process.poll()
-            if ended is None and not self.process.pid:  # never forked: did the zygote end?
+            ended = None
+            if not self.process.pid:  # never forked: did the zygote end?
                 with contextlib.suppress(subprocess.TimeoutExpired):  # it may still be exiting
                     ended = zygote.process.wait(timeout=1.0)
-            if ended is not None and pool.revivable(zygote):
-                # Its server died (killed alone: the OOM killer) before this worker could load
-                # the work, which loaded before: it ran none of its jobs, and another server
-                # forks its replacement.
+            if pool.restart_unready(zygote):
+                # It (or its server) died before it loaded the work, which loads: killed (the
+                # OOM killer). It ran none of its jobs, and another takes its place.
                 pool.requeue(held)
                 self._replace()
                 return
             # It could not even start: a new one would fare no better.
             failure = zygote.failure
-            if self.process.pid:
-                ended = None  # forked: it, not the zygote, ended
             if failure is not None:
                 error = rebuild_error(failure, "as the worker processes started")
             elif ended is not None:  # the zygote ended before it forked: as it loaded the work
@@ -410,9 +408,10 @@ class ProcessPool:
         self._reviving = threading.Lock()
         """Held while a server killed alone is replaced: one new server, whoever notices."""
         self._served = False
-        """Whether a worker has loaded the work (a server that dies since was killed)."""
-        self._revivals = 0
-        """Servers started in a row in the place of one killed, no worker ready since."""
+        """Whether a worker has loaded the work (one that dies as it starts since was
+        killed)."""
+        self._restarts = 0
+        """Workers started in a row in the place of one that died as it started."""
         self._start_time: float | None = None
         self._slow_said = False
 
@@ -446,20 +445,24 @@ class ProcessPool:
         finally:
             os.close(work)
 
-    def revivable(self, zygote: Zygote) -> bool:
-        """Whether a new server may take the place of ``zygote``, which died: the work loaded
-        before, ``zygote`` did not say it could not load it, and fewer than
-        :data:`REVIVALS` servers in a row died so."""
-        return self._served and zygote.failure is None and self._revivals < REVIVALS
+    def restart_unready(self, zygote: Zygote) -> bool:
+        """Whether to start a worker in the place of one from ``zygote`` that died before it
+        loaded the work without saying why (a worker can be killed as it starts): yes if a
+        worker has loaded it before, ``zygote`` did not say it could not, and fewer than
+        :data:`RESTARTS` in a row died so."""
+        with self._reviving:
+            if not self._served or zygote.failure is not None or self._restarts >= RESTARTS:
+                return False
+            self._restarts += 1
+            return True
 
     def _revive(self) -> None:
         """Start a new server if the one that forks the workers died (its workers serve on,
         but no new one could start)."""
         with self._reviving:
             dead = self.zygote
-            if dead is None or dead.process.poll() is None or not self.revivable(dead):
+            if dead is None or dead.process.poll() is None:
                 return
-            self._revivals += 1
             dead.close()
             self.zygote = self._new_zygote()
             with self._changed:
@@ -595,7 +598,7 @@ class ProcessPool:
     def started(self) -> None:
         """A worker has loaded the work: jobs go to the workers from now on."""
         self._served = True
-        self._revivals = 0
+        self._restarts = 0
         self._ready.set()
 
     def note_slow_start(self) -> None:

@@ -205,6 +205,31 @@ class KilledWhenLoadedAgain(Sent):
         self.__dict__.update(state)
 
 
+class KilledAtLoad(Sent):
+    """Loaded by each process of the workers' own (its loading opens a file, so no worker
+    shares the zygote's), numbered in ``folder``: the load numbered ``kill_at`` is killed by
+    SIGKILL (the zygote's is the first, then each worker's in turn)."""
+
+    def __init__(self, n: int, folder: str, kill_at: int) -> None:
+        super().__init__(n)
+        self.folder, self.kill_at = folder, kill_at
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self.crossed(state):
+            return
+        self.opened = open(__file__, "rb")  # noqa: SIM115  # held as a dataset holds its file
+        number = 1
+        while True:
+            try:
+                os.close(os.open(os.path.join(self.folder, str(number)), os.O_CREAT | os.O_EXCL))
+                break
+            except FileExistsError:
+                number += 1
+        if number == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class WaitsAsLoaded(Sent):
     """Pickles, but its loading in a worker waits for ever (a ``__setstate__`` that waits on
     a server that never answers)."""

@@ -344,6 +344,34 @@ def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> 
         _same(_batches(loader, 1), first)
 
 
+def _noticed(procs: Any, dead: Any) -> None:
+    """Wait until ``procs`` has seen its worker ``dead`` die (it takes no job after)."""
+    deadline = time.monotonic() + 30
+    while dead in procs.workers:
+        assert time.monotonic() < deadline, "the dead worker was never noticed"
+        time.sleep(0.01)
+
+
+def _zygote_killed(loader: DataLoader) -> tuple[Any, Any]:
+    """``loader``'s pool, and its zygote, killed (SIGKILL) and reaped."""
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    zygote = procs.zygote
+    assert zygote is not None
+    zygote.process.kill()
+    zygote.process.wait(10.0)
+    return procs, zygote
+
+
+def _replaced(procs: Any, zygote: Any) -> Any:
+    """The zygote that took ``zygote``'s place in ``procs``, once there is one."""
+    deadline = time.monotonic() + 30
+    while procs.zygote is zygote:
+        assert time.monotonic() < deadline, "no zygote took the dead one's place"
+        time.sleep(0.001)
+    return procs.zygote
+
+
 @pytest.mark.parametrize("together", [False, True], ids=["apart", "together"])
 def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_worker(
     together: bool,
@@ -365,10 +393,7 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
             zygote.wait(10.0)
             _same(_batches(loader, 1), expected)  # its workers serve on
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while procs.workers[0] is dying:
-            assert time.monotonic() < deadline, "the dead worker was never noticed"
-            time.sleep(0.01)
+        _noticed(procs, dying)
         epochs = [run_epoch(loader) for _ in range(2)]
         failed = [
             [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
@@ -377,26 +402,6 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
         _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
         assert len(_all_loaded(loader)) == 2  # both workers' places filled
         assert procs.zygote.process is not zygote
-
-
-def _zygote_killed(loader: DataLoader) -> tuple[Any, Any]:
-    """``loader``'s pool, and its zygote, killed (SIGKILL) and reaped."""
-    procs = loader._runtime_here().procs
-    assert procs is not None
-    zygote = procs.zygote
-    assert zygote is not None
-    zygote.process.kill()
-    zygote.process.wait(10.0)
-    return procs, zygote
-
-
-def _replaced(procs: Any, zygote: Any) -> Any:
-    """The zygote that took ``zygote``'s place in ``procs``, once there is one."""
-    deadline = time.monotonic() + 30
-    while procs.zygote is zygote:
-        assert time.monotonic() < deadline, "no zygote took the dead one's place"
-        time.sleep(0.001)
-    return procs.zygote
 
 
 def test_a_server_killed_again_as_it_loads_the_work_is_started_again() -> None:
@@ -429,11 +434,11 @@ def test_servers_killed_each_time_they_load_the_work_break_the_pool_after_a_few(
         procs, zygote = _zygote_killed(loader)
         os.kill(pid, signal.SIGKILL)
         started = []
-        for _ in range(_processes.REVIVALS):
+        for _ in range(_processes.RESTARTS + 1):  # the first replacement, then RESTARTS more
             zygote = _replaced(procs, zygote)
             started.append(zygote)
         outcomes = run_epoch(loader)
-        assert procs.zygote is started[-1]  # no more than REVIVALS started
+        assert procs.zygote is started[-1]  # no more than RESTARTS started
         for outcome in outcomes:
             assert isinstance(outcome, WorkerError)
             assert str(outcome).startswith(
@@ -441,6 +446,27 @@ def test_servers_killed_each_time_they_load_the_work_break_the_pool_after_a_few(
                 "loaded the work"
             ), outcome
         assert all(z.process.wait(10.0) == -signal.SIGKILL for z in started)
+
+
+def test_a_worker_killed_as_it_starts_in_a_dead_ones_place_is_replaced(tmp_path: Any) -> None:
+    # Killed before it loaded the work (the OOM killer again), the replacement was taken for
+    # one that cannot load it, and every later batch failed.
+    data = proc_data.KilledAtLoad(16, str(tmp_path), kill_at=3)
+    with ready(DataLoader(data, batch_size=4, cpu_processes=1)) as loader:
+        expected = _batches(loader, 1)
+        [pid] = _all_loaded(loader)
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        dying = procs.workers[0]
+        os.kill(pid, signal.SIGKILL)  # its replacement is load 3, killed as it loads
+        _noticed(procs, dying)
+        epochs = [run_epoch(loader) for _ in range(2)]
+    assert sorted(os.listdir(tmp_path)) == ["1", "2", "3", "4"]
+    failed = [
+        [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
+    ]
+    assert failed == [[], []]
+    _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
 
 
 def test_a_worker_whose_server_was_killed_is_still_stopped_by_the_loader(tmp_path: Any) -> None:
