@@ -239,6 +239,8 @@ class _Worker:
                 self.pool.broke(rebuild_error(status[1], self.where))
                 return
             _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            if not fds:  # it died between its word and its memory: as it started
+                return
             self.mapped = Mapped(fds[0])
             self.ready = True
             self.pool.started()

@@ -14,6 +14,7 @@ import mmap
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -810,6 +811,43 @@ def test_an_answer_without_its_descriptors_fails_its_batch_and_the_epoch_goes_on
         again = run_epoch(loader)  # on the new worker
     _failed_as_held(outcomes)
     assert not any(isinstance(outcome, BaseException) for outcome in again)
+
+
+def test_a_worker_that_dies_between_its_ready_and_its_memory_is_replaced_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seen in a run of random kills: a replacement killed just after it said it was ready,
+    # before the descriptor of its shared memory came, raised IndexError in the thread that
+    # receives from it ("Exception in thread asyncloader-worker-0-receive"). Its death cannot
+    # be timed there; the descriptor is taken from the message instead, as its death does.
+    recv_fds = socket.recv_fds
+    armed, cut = threading.Event(), []
+
+    def dead_after_ready(sock: socket.socket, *args: Any) -> Any:
+        data, fds, flags, address = recv_fds(sock, *args)
+        if armed.is_set() and not cut:
+            cut.append(sock)
+            for fd in fds:
+                os.close(fd)
+            return b"", [], flags, address
+        return data, fds, flags, address
+
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hooked: raised.append(hooked.exc_value))
+    monkeypatch.setattr(socket, "recv_fds", dead_after_ready)
+    with ready(DataLoader(proc_data.Images(16), batch_size=4, cpu_processes=1)) as loader:
+        expected = _batches(loader, 1)
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        [pid] = _all_loaded(loader)
+        dying = procs.workers[0]
+        armed.set()
+        os.kill(pid, signal.SIGKILL)
+        _noticed(procs, dying)
+        epochs = [run_epoch(loader) for _ in range(2)]
+    assert cut
+    assert raised == []
+    _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
 
 
 def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> None:
