@@ -821,7 +821,8 @@ def test_a_worker_that_dies_between_its_ready_and_its_memory_is_replaced_quietly
     # receives from it ("Exception in thread asyncloader-worker-0-receive"). Its death cannot
     # be timed there; the descriptor is taken from the message instead, as its death does.
     recv_fds = socket.recv_fds
-    armed, cut = threading.Event(), []
+    armed = threading.Event()
+    cut: list[socket.socket] = []
 
     def dead_after_ready(sock: socket.socket, *args: Any) -> Any:
         data, fds, flags, address = recv_fds(sock, *args)
