@@ -312,9 +312,10 @@ class _Worker:
             if not self.process.pid:  # never forked: did the zygote end?
                 with contextlib.suppress(subprocess.TimeoutExpired):  # it may still be exiting
                     ended = zygote.process.wait(timeout=1.0)
-            if pool.restart_unready(zygote):
-                # It (or its server) died before it loaded the work, which loads: killed (the
-                # OOM killer). It ran none of its jobs, and another takes its place.
+            killed = -signal.SIGKILL in (ended, self.process.exitcode)
+            if pool.restart_unready(zygote, killed):
+                # It (or its server) died before it loaded the work: killed (the OOM killer),
+                # or the work loads elsewhere. It ran none of its jobs; another takes its place.
                 pool.requeue(held)
                 self._replace()
                 return
@@ -332,7 +333,12 @@ class _Worker:
                     f"asyncloader worker process {self.number} {reason} as it started "
                     "(its output says why)"
                 )
-            error = pool.broke(error)
+            if killed:
+                error = WorkerError(
+                    f"{error} ({RESTARTS + 1} times in a row; the next epoch starts the "
+                    "workers again)"
+                )
+            error = pool.broke(error, may_pass=killed)
             for task in held:
                 task.resolve(None, error)
             return
@@ -414,6 +420,8 @@ class ProcessPool:
         killed)."""
         self._restarts = 0
         """Workers started in a row in the place of one that died as it started."""
+        self._dead: Zygote | None = None
+        """The last dead server counted in :attr:`_restarts`."""
         self._start_time: float | None = None
         self._slow_said = False
 
@@ -447,15 +455,21 @@ class ProcessPool:
         finally:
             os.close(work)
 
-    def restart_unready(self, zygote: Zygote) -> bool:
+    def restart_unready(self, zygote: Zygote, killed: bool) -> bool:
         """Whether to start a worker in the place of one from ``zygote`` that died before it
-        loaded the work without saying why (a worker can be killed as it starts): yes if a
-        worker has loaded it before, ``zygote`` did not say it could not, and fewer than
-        :data:`RESTARTS` in a row died so."""
+        loaded the work without saying why: yes if it (or ``zygote``) was ``killed`` by
+        SIGKILL, never the work's own doing, or a worker has loaded the work before, and
+        fewer than :data:`RESTARTS` in a row died so."""
         with self._reviving:
-            if not self._served or zygote.failure is not None or self._restarts >= RESTARTS:
+            if not (self._served or killed) or zygote.failure is not None:
+                return False
+            if zygote is self._dead:  # one death for all the workers it took
+                return True
+            if self._restarts >= RESTARTS:
                 return False
             self._restarts += 1
+            if zygote.process.poll() is not None:
+                self._dead = zygote
             return True
 
     def _revive(self) -> None:
@@ -570,15 +584,17 @@ class ProcessPool:
         for task in tasks:
             task.resolve(None, error)
 
-    def broke(self, error: BaseException, start_failed: bool = False) -> BaseException:
+    def broke(
+        self, error: BaseException, start_failed: bool = False, may_pass: bool = False
+    ) -> BaseException:
         """No worker can run the work: fail every job, now and later, with the first such
-        ``error`` (the one that says why; ``start_failed``: a process could not be started);
-        return it."""
+        ``error`` (the one that says why; ``start_failed``: a process could not be started;
+        ``may_pass``: what broke it may pass, as a start that failed may); return it."""
         first = False
         with self._changed:
             if self._broken is None:
                 self._broken = error
-                self._start_failed = start_failed
+                self._start_failed = start_failed or may_pass
                 first = True
             error = self._broken
             self._ready.set()  # nothing to wait for
@@ -634,7 +650,8 @@ class ProcessPool:
     @property
     def could_not_start(self) -> bool:
         """Whether it broke because a process could not be started (descriptors or memory
-        short, say): unlike work that cannot be loaded, what broke it may pass."""
+        short, say) or was killed as it started: unlike work that cannot be loaded, what
+        broke it may pass."""
         return self._start_failed  # set only with the pool's first breakage
 
     @property

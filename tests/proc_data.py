@@ -207,10 +207,10 @@ class KilledWhenLoadedAgain(Sent):
 
 class KilledAtLoad(Sent):
     """Loaded by each process of the workers' own (its loading opens a file, so no worker
-    shares the zygote's), numbered in ``folder``: the load numbered ``kill_at`` is killed by
-    SIGKILL (the zygote's is the first, then each worker's in turn)."""
+    shares the zygote's), numbered in ``folder``: the loads numbered in ``kill_at`` are killed
+    by SIGKILL (the zygote's is the first, then each worker's in turn)."""
 
-    def __init__(self, n: int, folder: str, kill_at: int) -> None:
+    def __init__(self, n: int, folder: str, kill_at: range | tuple[int, ...]) -> None:
         super().__init__(n)
         self.folder, self.kill_at = folder, kill_at
 
@@ -226,7 +226,7 @@ class KilledAtLoad(Sent):
                 break
             except FileExistsError:
                 number += 1
-        if number == self.kill_at:
+        if number in self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -438,21 +438,23 @@ def test_servers_killed_each_time_they_load_the_work_break_the_pool_after_a_few(
         for _ in range(_processes.RESTARTS + 1):  # the first replacement, then RESTARTS more
             zygote = _replaced(procs, zygote)
             started.append(zygote)
-        outcomes = run_epoch(loader)
+        deadline = time.monotonic() + 30
+        while procs._broken is None:
+            assert time.monotonic() < deadline, "the pool never gave up"
+            time.sleep(0.01)
         assert procs.zygote is started[-1]  # no more than RESTARTS started
-        for outcome in outcomes:
-            assert isinstance(outcome, WorkerError)
-            assert str(outcome).startswith(
-                "the asyncloader worker processes' server was killed by signal SIGKILL as it "
-                "loaded the work"
-            ), outcome
+        assert str(procs._broken).startswith(
+            "the asyncloader worker processes' server was killed by signal SIGKILL as it "
+            "loaded the work"
+        )
+        assert procs.could_not_start  # the next epoch starts the workers again
         assert all(z.process.wait(10.0) == -signal.SIGKILL for z in started)
 
 
 def test_a_worker_killed_as_it_starts_in_a_dead_ones_place_is_replaced(tmp_path: Any) -> None:
     # Killed before it loaded the work (the OOM killer again), the replacement was taken for
     # one that cannot load it, and every later batch failed.
-    data = proc_data.KilledAtLoad(16, str(tmp_path), kill_at=3)
+    data = proc_data.KilledAtLoad(16, str(tmp_path), kill_at=(3,))
     with ready(DataLoader(data, batch_size=4, cpu_processes=1)) as loader:
         expected = _batches(loader, 1)
         [pid] = _all_loaded(loader)
@@ -468,6 +470,46 @@ def test_a_worker_killed_as_it_starts_in_a_dead_ones_place_is_replaced(tmp_path:
     ]
     assert failed == [[], []]
     _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+
+
+@pytest.mark.parametrize("processes", [1, 4])
+def test_a_server_killed_as_it_first_loads_the_work_is_started_again(
+    tmp_path: Any, processes: int
+) -> None:
+    # SIGKILL is never the work's own doing (the OOM killer, as the zygote loads the dataset):
+    # every batch of every epoch failed, "... server was killed by signal SIGKILL as it loaded
+    # the work", as for work that cannot load. Its death is one, however many workers wait.
+    data = proc_data.KilledAtLoad(16, str(tmp_path), kill_at=(1,))
+    with ready(DataLoader(data, batch_size=4, cpu_processes=processes)) as loader:
+        epochs = [run_epoch(loader) for _ in range(2)]
+        assert len(_all_loaded(loader)) == processes
+    assert len(os.listdir(tmp_path)) == 2 + processes  # killed, then the zygote and workers
+    with DataLoader(proc_data.Images(16), batch_size=4) as loader:
+        expected = [list(loader)] * 2
+    _same([[np.asarray(b) for b in e] for e in epochs], expected)
+
+
+def test_servers_killed_each_time_they_first_load_the_work_break_the_pool_after_a_few(
+    tmp_path: Any,
+) -> None:
+    killed = 1 + _processes.RESTARTS
+    data = proc_data.KilledAtLoad(16, str(tmp_path), kill_at=range(1, killed + 1))
+    with DataLoader(data, batch_size=4, cpu_processes=1) as loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        assert procs.wait_ready(30.0)  # broken
+        assert len(os.listdir(tmp_path)) == killed
+        assert str(procs._broken) == (
+            "the asyncloader worker processes' server was killed by signal SIGKILL as it "
+            f"loaded the work (the dataset, transform and collate_fn) for the workers ({killed} "
+            "times in a row; the next epoch starts the workers again)"
+        )
+        epoch = run_epoch(loader)  # the kills stopped: a new zygote and worker
+        assert loader._runtime_here().procs is not procs
+        assert len(_all_loaded(loader)) == 1
+    assert len(os.listdir(tmp_path)) == killed + 2
+    with DataLoader(proc_data.Images(16), batch_size=4) as loader:
+        _same([[np.asarray(b) for b in epoch]], [list(loader)])
 
 
 def test_a_worker_whose_server_was_killed_is_still_stopped_by_the_loader(tmp_path: Any) -> None:
