@@ -52,9 +52,9 @@ DEPTH: Final = 2
 """Jobs one worker holds at most: the one it runs and the next."""
 
 RESTARTS: Final = 3
-"""Workers started in a row in the place of one that died before it could load the work, once
-a worker has loaded it (the OOM killer, again and again, or a server killed each time it
-starts): the pool then breaks, as when the work cannot load."""
+"""Workers (and their server) started in a row in the place of one killed before it could load
+the work (by SIGKILL, or in any way once a worker has loaded it): the pool then breaks, as when
+the work cannot load, until the next epoch where they were killed."""
 
 _JOIN_S: Final = 5.0
 """How long closing waits for the workers to exit before it kills them."""
