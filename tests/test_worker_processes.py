@@ -345,6 +345,16 @@ def test_a_replacement_loads_the_work_as_built_whatever_the_dataset_became() -> 
         _same(_batches(loader, 1), first)
 
 
+def _whole(epochs: list[list[Any]], expected: list[Any]) -> None:
+    """Each of ``epochs`` (outcomes, as :func:`run_epoch` gives them) failed no batch and
+    gave ``expected``'s."""
+    failed = [
+        [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
+    ]
+    assert failed == [[]] * len(epochs)
+    _same([[np.asarray(b) for b in e] for e in epochs], expected * len(epochs))
+
+
 def _noticed(procs: Any, dead: Any) -> None:
     """Wait until ``procs`` has seen its worker ``dead`` die (it takes no job after)."""
     deadline = time.monotonic() + 30
@@ -396,11 +406,7 @@ def test_a_server_killed_after_its_workers_started_is_started_again_for_a_new_wo
         os.kill(pid, signal.SIGKILL)
         _noticed(procs, dying)
         epochs = [run_epoch(loader) for _ in range(2)]
-        failed = [
-            [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
-        ]
-        assert failed == [[], []]
-        _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+        _whole(epochs, expected)
         assert len(_all_loaded(loader)) == 2  # both workers' places filled
         assert procs.zygote.process is not zygote
 
@@ -418,11 +424,7 @@ def test_a_server_killed_again_as_it_loads_the_work_is_started_again() -> None:
         second.process.kill()  # as it imports what the work needs
         _replaced(procs, second)
         epochs = [run_epoch(loader) for _ in range(2)]
-        failed = [
-            [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
-        ]
-        assert failed == [[], []]
-        _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+        _whole(epochs, expected)
         assert len(_all_loaded(loader)) == 2
 
 
@@ -465,11 +467,7 @@ def test_a_worker_killed_as_it_starts_in_a_dead_ones_place_is_replaced(tmp_path:
         _noticed(procs, dying)
         epochs = [run_epoch(loader) for _ in range(2)]
     assert sorted(os.listdir(tmp_path)) == ["1", "2", "3", "4"]
-    failed = [
-        [type(b).__name__ for b in epoch if not isinstance(b, np.ndarray)] for epoch in epochs
-    ]
-    assert failed == [[], []]
-    _same([[np.asarray(b) for b in e] for e in epochs], expected * 2)
+    _whole(epochs, expected)
 
 
 @pytest.mark.parametrize("processes", [1, 4])
