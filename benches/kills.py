@@ -8,7 +8,11 @@ batch is the right one or a ``WorkerError`` (a batch a killed worker held, or ev
 the workers were killed as they started four times in a row), the loader's own threads print
 nothing, and an epoch after the kills is whole. Fails otherwise, or if a process is left.
 
-Run: ``.venv/bin/python benches/kills.py [--seed N] [--rounds N] [--async]``.
+The dataset is a map-style one (its items fetched in the workers), an async one (fetched on
+the event loop; transformed and collated in the workers) or a stream (read in the loader's
+process; the same), with ``--source map|async|stream``.
+
+Run: ``.venv/bin/python benches/kills.py [--seed N] [--rounds N] [--async] [--source S]``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,6 +43,25 @@ class Images:
 
     def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
         return np.random.default_rng(index).integers(0, 256, (12, 12, 3), np.uint8)
+
+
+class AsyncImages(Images):
+    """:class:`Images` as an async dataset."""
+
+    async def __getitem__(self, index: int) -> np.ndarray[Any, Any]:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().__getitem__(index)
+
+
+class StreamOfImages:
+    """:class:`Images`' items as a stream, in order."""
+
+    def __iter__(self) -> Iterator[np.ndarray[Any, Any]]:
+        data = Images()
+        return (data[index] for index in range(len(data)))
+
+
+SOURCES = {"map": Images, "async": AsyncImages, "stream": StreamOfImages}
 
 
 def spin(index: int, item: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -135,11 +159,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--async", dest="use_async", action="store_true")
+    parser.add_argument("--source", choices=sorted(SOURCES), default="map")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     data = Images()
     expected = [np.stack([data[i] for i in range(b, b + 4)]) for b in range(0, 64, 4)]
-    loader = DataLoader(data, batch_size=4, cpu_processes=2, transform=spin)
+    loader = DataLoader(SOURCES[args.source](), batch_size=4, cpu_processes=2, transform=spin)
     procs = loader._runtime_here().procs
     raised: list[BaseException | None] = []
     threading.excepthook = lambda hooked: raised.append(hooked.exc_value)
