@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
+from ._forked import parents_only
 from ._pool import Jobs, epoch_jobs, priority
 from ._shared import Discard, Mapped
 from ._stats import Tally
@@ -156,6 +157,7 @@ class _Worker:
         """The server it was forked from."""
         self.process, self.sock = self.zygote.spawn(number)
         self.conn = Connection(os.dup(self.sock.fileno()))
+        parents_only(self.sock, self.conn)
         self.held: deque[_Task] = deque()
         """Jobs sent and not yet answered, in the order sent (and answered)."""
         self.mapped: Mapped | None = None

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO, Final
 
+from ._forked import parents_only
 from ._shared import anonymous
 from ._worker import Layout, Work, error_payload, load_work, serve
 
@@ -284,6 +285,7 @@ class Zygote:
         theirs.close()
         self._sock = ours
         self._conn = Connection(os.dup(ours.fileno()))
+        parents_only(self._sock, self._conn)
         self._lock = threading.Lock()
         self._workers: dict[int, WorkerProcess] = {}
         self._by_pid: dict[int, WorkerProcess] = {}

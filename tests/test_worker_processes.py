@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -1164,17 +1165,20 @@ def _child(script: str, timeout: float = 60.0, **options: Any) -> subprocess.Com
     )
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie that no one reaped yet (an orphan's new
+    parent may be slow to)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _gone(pids: list[int], within: float = 20.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
+        if all(_exited(pid) for pid in pids):
             return True
         time.sleep(0.05)  # polling processes that exit on their own; not a race
     return False
@@ -1411,6 +1415,23 @@ def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
     assert found == "default_int_handler SIG_DFL"
 
 
+def _killed_by_itself(script: str, tmp_path: Path) -> str:
+    """The output of ``script``, run in a child that ends by killing itself with SIGKILL.
+
+    A file takes it, not a pipe, which a process the child leaves would hold open."""
+    out = tmp_path / "out"
+    with open(out, "w") as file:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            stdout=file,
+            stderr=file,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == -signal.SIGKILL, out.read_text()
+    return out.read_text()
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_stuck_in_a_call_goes_with_the_loaders_process(tmp_path: Any) -> None:
     # The loader's process killed (the OOM killer, SIGKILL) while a worker ran a call that
@@ -1433,21 +1454,45 @@ def test_a_worker_stuck_in_a_call_goes_with_the_loaders_process(tmp_path: Any) -
         threading.Thread(target=kill_once_it_spins).start()
         list(loader)
         """
-    with open(tmp_path / "out", "w") as out:  # not a pipe: an orphan would hold it open
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script)],
-            stdout=out,
-            stderr=out,
-            timeout=60,
-            cwd=ROOT,
-        )
-    assert done.returncode == -signal.SIGKILL, (tmp_path / "out").read_text()
+    _killed_by_itself(script, tmp_path)
     worker = int(marker.read_text())
     try:
         assert _gone([worker]), "the worker lives on"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_go_with_the_loaders_process_whatever_it_forked(tmp_path: Any) -> None:
+    # A process that the loader's process forked (a worker of torch's DataLoader, a process
+    # of a fork pool) held copies of the loader's sockets to the zygote and the workers: the
+    # loader's process killed, they lived on, its loaded work in memory, as long as that one.
+    script = """
+        import os, signal
+        from asyncloader import DataLoader
+        from tests import proc_data
+
+        loader = DataLoader(proc_data.Images(8), batch_size=4, cpu_processes=1)
+        procs = loader._runtime_here().procs
+        assert procs.wait_ready(30.0), "no worker started"
+        assert len(list(loader)) == 2
+        print(procs.zygote.process.pid, procs.workers[0].process.pid, flush=True)
+        forked = os.fork()
+        if forked == 0:  # it outlives the loader's process
+            signal.sigtimedwait([], 60.0)
+            os._exit(0)
+        print(forked, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    *pids, forked = (int(pid) for pid in _killed_by_itself(script, tmp_path).split()[:3])
+    try:
+        assert not _exited(forked)
+        assert _gone(pids), "the workers' server and worker live on"
+    finally:
+        for pid in [*pids, forked]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.timeout(120)
