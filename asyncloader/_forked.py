@@ -1,12 +1,14 @@
-"""What a process forked from the loader's must not keep: the loader's ends of the sockets to
-its worker processes.
+"""What a forked process must not keep: the ends of the sockets between the loader and its
+worker processes.
 
-The workers' server (the zygote) and each worker exit once the loader's end of their socket
-closes: the loader closed, or its process died. A process forked from the loader's (a worker
-of torch's ``DataLoader``, a process of a ``fork`` pool) gets copies of those ends; were it to
-keep them, the zygote and the workers, and the work loaded in them, would outlive a killed
-loader for as long as that process lives. It closes its copies as it starts (a loader used
-there starts processes of its own).
+Each side sees the other go as its socket's end. The workers' server (the zygote) and each
+worker exit once the loader's end closes: the loader closed, or its process died. A process
+forked from the loader's (a worker of torch's ``DataLoader``, a process of a ``fork`` pool)
+gets copies of those ends; were it to keep them, the zygote and the workers, and the work
+loaded in them, would outlive a killed loader for as long as that process lives. Likewise the
+loader sees a worker die as the worker's end closes, which a process forked by the user's
+code in the worker would hold open. A forked process closes its copies as it starts (a loader
+used there starts processes of its own).
 """
 
 from __future__ import annotations

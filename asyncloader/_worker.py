@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from ._augment import epoch_key
 from ._batch_work import fetch_or_skip, transform_and_collate
+from ._forked import parents_only
 from ._shared import Arena, set_arena
 from ._skip import SKIPPED
 from ._stats import Recorder, current, fetched_bytes
@@ -217,6 +218,9 @@ def serve(conn: Connection, work: Work) -> None:
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.
     sock = socket.socket(fileno=os.dup(conn.fileno()))
+    # The loader sees this process die as this socket's end: a process the user's code
+    # forks here (a fork pool) must not keep it open.
+    parents_only(conn, sock)
     try:
         conn.send_bytes(pickle.dumps(("ready", os.getpid())))
         socket.send_fds(sock, [b"F"], [arena.control_fd])

@@ -111,6 +111,25 @@ class Failing(Images):
         return super().__getitem__(index)
 
 
+class DiesAfterAFork(Images):
+    """Item ``die_at``, in a worker process, forks a process that lives on (a fork pool's),
+    which writes its pid to ``marker``, then exits with code 7."""
+
+    def __init__(self, n: int, die_at: int, marker: str) -> None:
+        super().__init__(n)
+        self.die_at, self.marker, self.parent = die_at, marker, os.getpid()
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if index == self.die_at and os.getpid() != self.parent:
+            if os.fork() == 0:
+                with open(self.marker, "w") as file:
+                    file.write(str(os.getpid()))
+                signal.sigtimedwait([], 60.0)
+                os._exit(0)
+            os._exit(7)
+        return super().__getitem__(index)
+
+
 class HangsOnce(Images):
     """Item ``hang_at`` never returns in the first worker process that fetches it (it leaves
     ``marker`` behind, so the worker that replaces it goes on)."""

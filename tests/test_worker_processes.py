@@ -702,6 +702,27 @@ def test_a_worker_that_dies_fails_only_the_batches_it_held(how: str, said: str) 
         assert sum(not isinstance(o, BaseException) for o in again) >= len(again) - 2
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_is_seen_to_die_whatever_it_forked(tmp_path: Path) -> None:
+    # A process that the worker forked (a fork pool of the dataset's) held copies of the
+    # worker's socket to the loader, which sees a worker's death as that socket's end: the
+    # worker dead, its batch waited until the loader's timeout (for ever without one).
+    marker = tmp_path / "forked"
+    loader = DataLoader(
+        proc_data.DiesAfterAFork(40, die_at=9, marker=str(marker)),
+        batch_size=2,
+        cpu_processes=2,
+        timeout=10.0,
+    )
+    try:
+        with ready(loader):
+            outcomes = run_epoch(loader)
+        assert 4 in _failed_as_held(outcomes, "exited with code 7")
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
 def _failed_as_held(outcomes: list[Any], said: str = "") -> list[int]:
     """The batches of an epoch of ``proc_data.Images(40)`` by twos that failed: one or two (a
     worker holds at most two), each a ``WorkerError`` that says ``said``; every other batch
