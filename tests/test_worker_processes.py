@@ -1437,19 +1437,20 @@ def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
 
 
 def _killed_by_itself(script: str, tmp_path: Path) -> str:
-    """The output of ``script``, run in a child that ends by killing itself with SIGKILL.
+    """The standard output of ``script``, run in a child that ends by killing itself with
+    SIGKILL.
 
-    A file takes it, not a pipe, which a process the child leaves would hold open."""
-    out = tmp_path / "out"
-    with open(out, "w") as file:
+    Files take its output, not pipes, which a process the child leaves would hold open."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(script)],
-            stdout=file,
-            stderr=file,
+            stdout=stdout,
+            stderr=stderr,
             timeout=60,
             cwd=ROOT,
         )
-    assert done.returncode == -signal.SIGKILL, out.read_text()
+    assert done.returncode == -signal.SIGKILL, out.read_text() + err.read_text()
     return out.read_text()
 
 
