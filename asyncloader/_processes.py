@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from ._forked import parents_only
 from ._pool import Jobs, epoch_jobs, priority
+from ._reword import reword
 from ._shared import Discard, Mapped
 from ._stats import Tally
 from ._work import PickledWork
@@ -100,11 +101,7 @@ def rebuild_error(payload: ErrorPayload, where: str) -> BaseException:
             error = pickle.loads(pickled)
     if error is None:
         return WorkerError(f"{described}{told}")
-    plain_text = type(error).__str__ is BaseException.__str__
-    if plain_text and len(error.args) <= 1 and all(isinstance(a, str) for a in error.args):
-        error.args = (f"{error}{told}",)
-    elif hasattr(error, "add_note"):
-        error.add_note(told.lstrip("\n"))
+    reword(error, f"{error}{told}", told.lstrip("\n"))
     return error
 
 

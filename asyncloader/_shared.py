@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
 from ._mapping import KEEPS_DESCRIPTOR, map_fd
+from ._reword import reword
 from ._settings import spare_descriptors
 
 CONTROL_SIZE: Final = 4096
@@ -223,7 +224,7 @@ class Arena:
 
         try:
             stream = io.BytesIO()
-            _Pickler(stream, out_of_band).dump(value)
+            _dump_batch(_Pickler(stream, out_of_band), value)
             if elsewhere:
                 copied = self._copy([raw for _, raw in elsewhere])
                 for (at, _), ref in zip(elsewhere, copied, strict=True):
@@ -308,7 +309,24 @@ class Discard:
 def check_packable(value: Any) -> None:
     """Raise what :meth:`Arena.pack` would raise for ``value`` in a worker (its out-of-band
     buffers passed over, not copied)."""
-    _Pickler(Discard(), _passed_over).dump(value)
+    _dump_batch(_Pickler(Discard(), _passed_over), value)
+
+
+def _dump_batch(pickler: pickle.Pickler, batch: Any) -> None:
+    """Pickle ``batch``; what fails says that a batch must pickle, in the user's terms."""
+    try:
+        pickler.dump(batch)
+    except Exception as error:
+        said = (
+            "cpu_processes: this batch cannot go back to the loader's process, which takes "
+            "batches pickled"
+        )
+        advice = (
+            "return what pickles from the transform and collate_fn (arrays, tensors, bytes, "
+            "numbers, str, and lists, tuples and dicts of them), or use cpu_threads"
+        )
+        reword(error, f"{said}: {error}; {advice}", f"{said}; {advice}")
+        raise
 
 
 def _passed_over(buffer: pickle.PickleBuffer) -> bool:

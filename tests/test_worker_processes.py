@@ -925,7 +925,12 @@ def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> 
 @pytest.mark.parametrize(
     ("dataset", "raised", "said"),
     [
-        (proc_data.LockedItems(6), TypeError, "cannot pickle '_thread.lock' object"),
+        (
+            proc_data.LockedItems(6),
+            TypeError,
+            "cpu_processes: this batch cannot go back to the loader's process, which takes "
+            "batches pickled: cannot pickle '_thread.lock' object; return",
+        ),
         (
             proc_data.AsyncLockedItems(6),
             WorkerError,
