@@ -79,7 +79,12 @@ def _reason(code: int | None) -> str:
 
 
 def _unsendable(error: Exception) -> WorkerError:
-    return WorkerError(f"a batch's items cannot be pickled: {error}")
+    return WorkerError(
+        f"a batch's items cannot be pickled: {error}; with cpu_processes, an async dataset's "
+        "or a stream's items go to the worker processes pickled, for the transform and "
+        "collate_fn: have it return what pickles (bytes, arrays, tensors, numbers, str, and "
+        "lists, tuples and dicts of them), or use cpu_threads"
+    )
 
 
 def check_sendable(items: list[Any]) -> None:

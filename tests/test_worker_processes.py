@@ -934,7 +934,9 @@ def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> 
         (
             proc_data.AsyncLockedItems(6),
             WorkerError,
-            "a batch's items cannot be pickled: cannot pickle '_thread.lock' object",
+            "a batch's items cannot be pickled: cannot pickle '_thread.lock' object; with "
+            "cpu_processes, an async dataset's or a stream's items go to the worker processes "
+            "pickled",
         ),
     ],
     ids=["batch", "items"],
