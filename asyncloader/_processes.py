@@ -78,7 +78,9 @@ def _reason(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _unsendable(error: Exception) -> WorkerError:
+def _unsendable(error: Exception) -> Exception:
+    if isinstance(error, MemoryError):  # they would pickle, given room
+        return error
     return WorkerError(
         f"a batch's items cannot be pickled: {error}; with cpu_processes, an async dataset's "
         "or a stream's items go to the worker processes pickled, for the transform and "

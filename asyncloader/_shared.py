@@ -316,6 +316,8 @@ def _dump_batch(pickler: pickle.Pickler, batch: Any) -> None:
     """Pickle ``batch``; what fails says that a batch must pickle, in the user's terms."""
     try:
         pickler.dump(batch)
+    except MemoryError:  # it would pickle, given room
+        raise
     except Exception as error:
         said = (
             "cpu_processes: this batch cannot go back to the loader's process, which takes "

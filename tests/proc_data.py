@@ -288,6 +288,28 @@ class AsyncLockedItems(LockedItems):
         return super().__getitem__(index)
 
 
+class NoRoom:
+    """Pickling it runs out of memory (as a batch too large to pickle would)."""
+
+    def __reduce__(self) -> Any:
+        raise MemoryError("no room to pickle this")
+
+
+class ItemsWithNoRoom(Images):
+    """Pickles, but each item runs out of memory as it is pickled."""
+
+    def __getitem__(self, index: int) -> Any:
+        return NoRoom()
+
+
+class AsyncItemsWithNoRoom(ItemsWithNoRoom):
+    """The same items from ``async def __getitem__``: they would go to the workers."""
+
+    async def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return super().__getitem__(index)
+
+
 class Where:
     """Item ``i`` is ``(i, pid, parent pid)`` of the process that fetched it."""
 

@@ -956,6 +956,26 @@ def test_what_cannot_cross_fails_every_batch_also_those_made_as_the_workers_star
         assert said in str(outcome)
 
 
+@pytest.mark.parametrize(
+    "dataset",
+    [proc_data.ItemsWithNoRoom(6), proc_data.AsyncItemsWithNoRoom(6)],
+    ids=["batch", "items"],
+)
+def test_memory_short_as_a_batch_crosses_is_not_taken_for_what_cannot_cross(
+    dataset: Any,
+) -> None:
+    # A MemoryError as a batch (or its items) was pickled was told to return what pickles.
+    with DataLoader(dataset, batch_size=2, cpu_processes=1, collate_fn=list) as loader:
+        starting = run_epoch(loader)
+        ready(loader)
+        outcomes = starting + run_epoch(loader)
+    assert len(outcomes) == 6
+    for outcome in outcomes:
+        assert isinstance(outcome, MemoryError), outcome
+        assert str(outcome).startswith("no room to pickle this"), outcome
+        assert "return what pickles" not in str(outcome)
+
+
 def test_work_that_cannot_be_loaded_in_a_worker_fails_every_batch_saying_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
