@@ -57,7 +57,18 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         if shared.in_worker() and all(type(item) is np.ndarray for item in items):
             dtype = np.result_type(*{item.dtype for item in items})
             out = shared.empty((len(items), *first.shape), dtype)
-        batch = np.stack(items, out=out)
+        try:
+            batch = np.stack(items, out=out)
+        except (TypeError, ValueError):
+            # NumPy's words fit arrays; an item that is none (None, say) is named instead.
+            odds = [n for n, item in enumerate(items) if not isinstance(item, np.ndarray)]
+            if not odds:
+                raise
+            odd = odds[0]
+            raise TypeError(
+                f"default_collate: item {odd} of a batch of arrays is a "
+                f"{type(items[odd]).__name__} ({_shown(items[odd])})"
+            ) from None
         # In C order whatever the items' layout, as a worker process writes it: one layout
         # in every mode (a copy only for such items, Fortran-ordered ones).
         return batch if batch.flags.c_contiguous else np.ascontiguousarray(batch)

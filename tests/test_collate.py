@@ -171,6 +171,17 @@ def test_bad_batches_raise_clearly() -> None:
     assert default_collate([]) == []
 
 
+def test_an_item_that_is_not_an_array_among_arrays_is_named() -> None:
+    # A __getitem__ or transform that returned None (a missing return) for one item said
+    # "all input arrays must have the same shape", NumPy's words for another fault.
+    with pytest.raises(TypeError, match=r"item 1 of a batch of arrays is a NoneType \(None\)"):
+        default_collate([np.zeros(3), None, np.zeros(3)])
+    with pytest.raises(TypeError, match=r"item 1 of a batch of arrays is a str \('x'\)"):
+        default_collate([np.zeros(3), "x"])
+    # What NumPy can stack still is, as torch stacks what it can make a tensor of.
+    assert default_collate([np.zeros(2), [1.0, 2.0]]).tolist() == [[0, 0], [1, 2]]
+
+
 def test_collate_fn_list_keeps_items_and_compose_chains_transforms() -> None:
     double = Compose([lambda i, x: x * 2, lambda i, x: (i, x)])
     with DataLoader(SyncData(5), batch_size=5, transform=double, collate_fn=list) as loader:
