@@ -60,7 +60,7 @@ def default_collate(items: Sequence[Any] | np.ndarray[Any, Any]) -> Any:
         try:
             batch = np.stack(items, out=out)
         except (TypeError, ValueError):
-            # NumPy's words fit arrays; an item that is none (None, say) is named instead.
+            # NumPy's words fit arrays; an item that is not one (None, say) is named instead.
             odds = [n for n, item in enumerate(items) if not isinstance(item, np.ndarray)]
             if not odds:
                 raise
