@@ -38,7 +38,7 @@ from typing import Any, Final
 from ._forked import parents_only
 from ._pool import Jobs, epoch_jobs, priority
 from ._reword import reword
-from ._shared import Discard, Mapped
+from ._shared import WHAT_PICKLES, Discard, Mapped
 from ._stats import Tally
 from ._work import PickledWork
 from ._worker import ErrorPayload, Job, message
@@ -84,8 +84,7 @@ def _unsendable(error: Exception) -> Exception:
     return WorkerError(
         f"a batch's items cannot be pickled: {error}; with cpu_processes, an async dataset's "
         "or a stream's items go to the worker processes pickled, for the transform and "
-        "collate_fn: have it return what pickles (bytes, arrays, tensors, numbers, str, and "
-        "lists, tuples and dicts of them), or use cpu_threads"
+        f"collate_fn: have it return {WHAT_PICKLES}, or use cpu_threads"
     )
 
 

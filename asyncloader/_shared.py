@@ -312,6 +312,12 @@ def check_packable(value: Any) -> None:
     _dump_batch(_Pickler(Discard(), _passed_over), value)
 
 
+WHAT_PICKLES: Final = (
+    "what pickles (arrays, tensors, bytes, numbers, str, and lists, tuples and dicts of them)"
+)
+"""What crosses between the loader and a worker, in the words an error gives a user."""
+
+
 def _dump_batch(pickler: pickle.Pickler, batch: Any) -> None:
     """Pickle ``batch``; what fails says that a batch must pickle, in the user's terms."""
     try:
@@ -323,10 +329,7 @@ def _dump_batch(pickler: pickle.Pickler, batch: Any) -> None:
             "cpu_processes: this batch cannot go back to the loader's process, which takes "
             "batches pickled"
         )
-        advice = (
-            "return what pickles from the transform and collate_fn (arrays, tensors, bytes, "
-            "numbers, str, and lists, tuples and dicts of them), or use cpu_threads"
-        )
+        advice = f"return {WHAT_PICKLES} from the transform and collate_fn, or use cpu_threads"
         reword(error, f"{said}: {error}; {advice}", f"{said}; {advice}")
         raise
 
