@@ -922,6 +922,17 @@ def test_an_unpicklable_dataset_fails_at_construction_naming_the_attribute() -> 
         DataLoader(proc_data.Unpicklable(4), cpu_processes=1)
 
 
+def _starting_then_ready(dataset: Any) -> list[Any]:
+    """The outcomes of two epochs of ``dataset`` (6 items) by twos, kept as they are: the
+    first made on the loader's thread while one worker starts, the second by that worker."""
+    with DataLoader(dataset, batch_size=2, cpu_processes=1, collate_fn=list) as loader:
+        starting = run_epoch(loader)  # its first batch is made here
+        ready(loader)
+        outcomes = starting + run_epoch(loader)
+    assert len(outcomes) == 6
+    return outcomes
+
+
 @pytest.mark.parametrize(
     ("dataset", "raised", "said"),
     [
@@ -946,12 +957,7 @@ def test_what_cannot_cross_fails_every_batch_also_those_made_as_the_workers_star
 ) -> None:
     # The batches made here while the workers start never cross: they were delivered, and
     # the same items failed once the workers were ready, so a batch's fate hung on timing.
-    with DataLoader(dataset, batch_size=2, cpu_processes=1, collate_fn=list) as loader:
-        starting = run_epoch(loader)  # its first batch is made here
-        ready(loader)
-        outcomes = starting + run_epoch(loader)
-    assert len(outcomes) == 6
-    for outcome in outcomes:
+    for outcome in _starting_then_ready(dataset):
         assert isinstance(outcome, raised), outcome
         assert said in str(outcome)
 
@@ -965,12 +971,7 @@ def test_memory_short_as_a_batch_crosses_is_not_taken_for_what_cannot_cross(
     dataset: Any,
 ) -> None:
     # A MemoryError as a batch (or its items) was pickled was told to return what pickles.
-    with DataLoader(dataset, batch_size=2, cpu_processes=1, collate_fn=list) as loader:
-        starting = run_epoch(loader)
-        ready(loader)
-        outcomes = starting + run_epoch(loader)
-    assert len(outcomes) == 6
-    for outcome in outcomes:
+    for outcome in _starting_then_ready(dataset):
         assert isinstance(outcome, MemoryError), outcome
         assert str(outcome).startswith("no room to pickle this"), outcome
         assert "return what pickles" not in str(outcome)
