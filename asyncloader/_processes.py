@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from ._forked import parents_only
+from ._logs import replay
 from ._pool import Jobs, epoch_jobs, priority
 from ._reword import reword
 from ._shared import WHAT_PICKLES, Discard, Mapped
@@ -250,7 +251,9 @@ class _Worker:
             self.ready = True
             self.pool.started()
             while True:
-                number, reply = pickle.loads(self.conn.recv_bytes())
+                number, reply, logged = pickle.loads(self.conn.recv_bytes())
+                replay(logged)
+                del logged
                 expected = len(reply[3]) if reply[0] == "ok" else 0
                 fds = socket.recv_fds(self.sock, 1, expected)[1] if expected else []
                 # Short of descriptors: it died between its answer and them, and the batch

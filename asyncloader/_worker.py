@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import mmap
+import multiprocessing
 import os
 import pickle
 import random
@@ -33,6 +34,7 @@ from typing import Any, Final
 from ._augment import epoch_key
 from ._batch_work import fetch_or_skip, transform_and_collate
 from ._forked import parents_only
+from ._logs import Carrier
 from ._shared import Arena, set_arena
 from ._skip import SKIPPED
 from ._stats import Recorder, current, fetched_bytes
@@ -211,9 +213,13 @@ def message(value: object) -> memoryview:
     return stream.getbuffer()
 
 
-def serve(conn: Connection, work: Work) -> None:
-    """The worker's life, with the work loaded: run jobs until told to stop or orphaned."""
+def serve(conn: Connection, work: Work, worker: int) -> None:
+    """Worker ``worker``'s life, with the work loaded: run jobs until told to stop or
+    orphaned. What its jobs log goes back with their answers (:mod:`._logs`)."""
     reseed()
+    # As multiprocessing names its processes: the name its log records carry.
+    multiprocessing.current_process().name = f"asyncloader-worker-{worker}"
+    carrier = Carrier.install()
     arena = Arena(work.held)
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.
@@ -233,8 +239,9 @@ def serve(conn: Connection, work: Work) -> None:
             number, job = numbered
             reply, fds = _run(work, job, arena)
             del job, numbered
-            conn.send_bytes(message((number, reply)))
-            del reply
+            logged = [] if carrier is None else carrier.take()
+            conn.send_bytes(message((number, reply, logged)))
+            del reply, logged
             if fds:
                 try:
                     socket.send_fds(sock, [b"F"], fds)

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any, BinaryIO, Final
 
 from ._forked import parents_only
+from ._logs import follow, levels
 from ._shared import anonymous
 from ._worker import Layout, Work, error_payload, load_work, serve
 
@@ -293,7 +294,9 @@ class Zygote:
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
         # sys.argv too, as multiprocessing gives its processes: a script that parses its
         # options as it is imported gets the same ones.
-        self._conn.send_bytes(pickle.dumps((modules, source, sys.argv, work, layout)))
+        # The levels of its loggers too: what the workers log at them comes back here.
+        message = (modules, source, sys.argv, levels(), work, layout)
+        self._conn.send_bytes(pickle.dumps(message))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
 
@@ -397,8 +400,9 @@ def _load_shared(memory: _Memory) -> Work | None:
     return work
 
 
-def _serve(conn: Connection, work: Work | None, memory: _Memory) -> None:
-    """A worker's life: with the work shared, or once it loaded its own (or said why not)."""
+def _serve(conn: Connection, work: Work | None, memory: _Memory, number: int) -> None:
+    """Worker ``number``'s life: with the work shared, or once it loaded its own (or said
+    why not)."""
     fd, layout = memory
     if work is not None:
         os.close(fd)
@@ -409,10 +413,11 @@ def _serve(conn: Connection, work: Work | None, memory: _Memory) -> None:
             with contextlib.suppress(OSError):
                 conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
             return
-    serve(conn, work)
+    serve(conn, work, number)
 
 
 def _fork(
+    number: int,
     source: MainSource | None,
     fd: int,
     inherited: list[int],
@@ -420,7 +425,7 @@ def _fork(
     memory: _Memory,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        payload = (fd, source, sys.argv, *memory)
+        payload = (number, fd, source, sys.argv, levels(), *memory)
         return _start("alone", payload, [fd, memory[0]], dict(os.environ)).pid
     pid = os.fork()
     if pid:
@@ -432,7 +437,7 @@ def _fork(
         for descriptor in inherited:
             os.close(descriptor)
         gc.enable()
-        _serve(Connection(fd), work, memory)  # its own copy of the descriptor, to close
+        _serve(Connection(fd), work, memory, number)  # its own copy of the descriptor
         code = 0
     except BaseException:
         import traceback
@@ -453,7 +458,8 @@ def main(boot: BinaryIO) -> None:
 
 def _zygote(sock: socket.socket, conn: Connection) -> None:
     try:
-        modules, source, sys.argv, *memory = pickle.loads(conn.recv_bytes())
+        modules, source, sys.argv, settings, *memory = pickle.loads(conn.recv_bytes())
+        follow(settings)
         work: Work | None = None
         try:
             if source is not None:
@@ -503,7 +509,7 @@ def _fork_workers(
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork(source, fds[0], inherited, work, memory)
+                pid = _fork(number, source, fds[0], inherited, work, memory)
                 children.add(pid)
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
@@ -518,7 +524,8 @@ def alone(boot: BinaryIO) -> None:
     """A worker in a fresh interpreter (the zygote had threads): it imports as it loads the
     work, and says so if it cannot."""
     _shield()
-    fd, source, sys.argv, memory, layout = _payload(boot)
+    number, fd, source, sys.argv, settings, memory, layout = _payload(boot)
+    follow(settings)
     if source is not None:
         _import_main(source)
-    _serve(Connection(fd), None, (memory, layout))
+    _serve(Connection(fd), None, (memory, layout), number)

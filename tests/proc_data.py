@@ -7,6 +7,7 @@ Each one behaves the same in the loader's process and in a worker, except where 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -524,3 +525,53 @@ class SpinsInAWorker:
             file.write(str(os.getpid()))
         while True:
             pass
+
+
+class Chatty:
+    """Every item logs, on the logger ``proc_data.chatty``: its number at INFO and a detail at
+    DEBUG; item 3 an exception with its traceback, item 5 with an ``extra`` that cannot be
+    pickled (a lock), item 6 a message whose arguments do not fit it. Loading it may start a
+    thread (each worker is then a fresh interpreter), or configure logging to stdout (as a
+    dataset's module may)."""
+
+    def __init__(self, thread: bool = False, configure: bool = False) -> None:
+        self.thread, self.configure = thread, configure
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.thread:
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+        if self.configure:
+            logging.basicConfig(stream=sys.stdout, format="here: %(message)s", level="INFO")
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> int:
+        logger = logging.getLogger("proc_data.chatty")
+        logger.info("item %d", index, extra={"lock": threading.Lock()} if index == 5 else None)
+        logger.debug("a detail of item %d", index)
+        if index == 3:
+            try:
+                raise ValueError("item 3 is odd")
+            except ValueError:
+                logger.exception("item %d failed", index)
+        if index == 6:
+            logger.info("%d items", "six")
+        return index
+
+
+class Garrulous:
+    """Item ``i`` logs ``lines`` records at INFO on ``proc_data.garrulous``."""
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        logger = logging.getLogger("proc_data.garrulous")
+        for line in range(self.lines):
+            logger.info("item %d, line %d", index, line)
+        return index

@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import mmap
 import os
+import re
 import select
 import signal
 import socket
@@ -26,7 +28,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncloader import DataLoader, ImageCollator, SkipBudgetExceeded, WorkerError, _processes
+from asyncloader import (
+    DataLoader,
+    ImageCollator,
+    SkipBudgetExceeded,
+    WorkerError,
+    _logs,
+    _processes,
+)
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from . import proc_data
@@ -809,8 +818,8 @@ class _Renumbered(_Proxy):
         self.answers += 1
         if self.answers != 3:
             return message
-        number, reply = pickle.loads(message)
-        return pickle.dumps((number + 1000, reply), protocol=5)
+        number, reply, logged = pickle.loads(message)
+        return pickle.dumps((number + 1000, reply, logged), protocol=5)
 
 
 def test_a_worker_that_answers_a_job_it_was_not_given_is_replaced(
@@ -850,12 +859,12 @@ class _ShortOfDescriptors(_Proxy):
         message: bytes = self.conn.recv_bytes()
         if self.cut:
             return message
-        number, reply = pickle.loads(message)
+        number, reply, logged = pickle.loads(message)
         if reply[0] != "ok" or not reply[3]:
             return message
         self.cut = True
         reply = (*reply[:3], [*reply[3], (reply[3][-1][0] + 1, 4096)], *reply[4:])
-        return pickle.dumps((number, reply), protocol=5)
+        return pickle.dumps((number, reply, logged), protocol=5)
 
 
 def test_an_answer_without_its_descriptors_fails_its_batch_and_the_epoch_goes_on() -> None:
@@ -1897,6 +1906,69 @@ def test_a_worker_reads_nothing_of_the_loaders_stdin(thread: bool) -> None:
     done = _child(script, input="first\nsecond\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[[''], ['']]", repr("first\nsecond\n")]
+
+
+@pytest.mark.parametrize("thread", [False, True], ids=["forked", "fresh"])
+def test_what_the_workers_log_reaches_the_loaders_handlers(
+    thread: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker's interpreter has no handler of the loader's: what a dataset logged there at
+    # INFO was dropped, and a WARNING came out as its bare message on stderr, where torch's
+    # forked workers log through the training script's configuration.
+    caplog.set_level(logging.INFO, logger="proc_data")
+    loader = DataLoader(proc_data.Chatty(thread), batch_size=4, collate_fn=list, cpu_processes=2)
+    with ready(loader):
+        assert [batch for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    records = [r for r in caplog.records if r.name == "proc_data.chatty"]
+    assert sorted(r.getMessage() for r in records if r.levelno == logging.INFO) == sorted(
+        f"item {index}" for index in range(8)
+    )
+    assert {r.process for r in records} & {os.getpid(), None} == set()
+    assert {r.processName for r in records} <= {"asyncloader-worker-0", "asyncloader-worker-1"}
+    assert not [r for r in records if r.levelno == logging.DEBUG]
+    failed = [r for r in records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["item 3 failed"]
+    assert failed[0].exc_text is not None
+    assert "ValueError: item 3 is odd" in failed[0].exc_text
+    assert "ValueError: item 3 is odd" in caplog.text
+    (odd,) = [r for r in records if r.getMessage() == "item 5"]
+    assert "_thread.lock object" in odd.__dict__["lock"]  # its repr: a lock cannot cross
+
+
+def test_a_job_that_logs_without_end_carries_back_a_bounded_part_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="proc_data")
+    loader = DataLoader(proc_data.Garrulous(1500), batch_size=1, collate_fn=list, cpu_processes=1)
+    with ready(loader):
+        assert [batch for batch in loader] == [[0], [1]]
+    for index in range(2):
+        said = [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith(f"item {index},")
+        ]
+        assert said == [f"item {index}, line {line}" for line in range(_logs.LIMIT)]
+    dropped = [r for r in caplog.records if "were dropped" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in dropped] == [("asyncloader", logging.WARNING)] * 2
+    assert dropped[0].getMessage() == (
+        f"{1500 - _logs.LIMIT} records logged in one job past its first {_logs.LIMIT} were dropped"
+    )
+
+
+def test_a_worker_that_configures_its_own_logging_logs_once() -> None:
+    script = """
+        import logging
+        logging.basicConfig(stream=sys.stdout, format="loader: %(message)s", level="INFO")
+        dataset = proc_data.Chatty(configure=True)
+        with DataLoader(dataset, batch_size=8, collate_fn=list, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            print([batch for batch in loader])
+        """
+    done = _child(script)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = [line for line in lines if re.fullmatch(r"\w+: item \d", line)]
+    assert sorted(said) == [f"here: item {index}" for index in range(8)]
+    assert lines[-1] == "[[0, 1, 2, 3, 4, 5, 6, 7]]"
 
 
 def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
