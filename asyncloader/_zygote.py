@@ -416,6 +416,15 @@ def _serve(conn: Connection, work: Work | None, memory: _Memory, number: int) ->
     serve(conn, work, number)
 
 
+def _flush() -> None:
+    """Write out what this process's stdout and stderr hold, as ``multiprocessing`` does
+    before a fork (else each child writes it again) and as its processes end (a worker ends
+    by ``os._exit``, which drops it: all a worker printed to a pipe or a file)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or replaced by something else
+            stream.flush()
+
+
 def _fork(
     number: int,
     source: MainSource | None,
@@ -427,6 +436,7 @@ def _fork(
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
         payload = (number, fd, source, sys.argv, levels(), *memory)
         return _start("alone", payload, [fd, memory[0]], dict(os.environ)).pid
+    _flush()
     pid = os.fork()
     if pid:
         return pid
@@ -444,6 +454,7 @@ def _fork(
 
         traceback.print_exc()
     finally:
+        _flush()
         os._exit(code)
 
 

@@ -575,3 +575,22 @@ class Garrulous:
         for line in range(self.lines):
             logger.info("item %d, line %d", index, line)
         return index
+
+
+class Prints:
+    """Each item prints its number to stdout where it is made; loading it (in the workers'
+    server, before it forks them) prints ``loaded``."""
+
+    def __init__(self) -> None:
+        self.n = 8  # a state to set: pickle calls no __setstate__ with none
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        print("loaded")
+
+    def __getitem__(self, index: int) -> int:
+        print(f"item {index}")
+        return index

@@ -1971,6 +1971,24 @@ def test_a_worker_that_configures_its_own_logging_logs_once() -> None:
     assert lines[-1] == "[[0, 1, 2, 3, 4, 5, 6, 7]]"
 
 
+def test_what_the_workers_print_to_a_pipe_comes_out_once() -> None:
+    # stdout to a pipe or a file (a job's log under SLURM, `| tee`) is block-buffered: a
+    # forked worker ended by `os._exit` dropped what it had printed, every line of it, where
+    # multiprocessing's processes (torch's workers) flush at exit, and flush before a fork so
+    # that no child writes its parent's buffer again.
+    script = """
+        with DataLoader(proc_data.Prints(), batch_size=2, collate_fn=list, cpu_processes=2) as l:
+            assert l._runtime_here().procs.wait_ready(30.0), "no worker started"
+            assert [batch for batch in l] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = _child(script, env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == sorted(
+        ["loaded", *(f"item {index}" for index in range(8))]
+    )
+
+
 def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
     # `python -c` puts the working directory first on sys.path: a package of the same name
     # there (a checkout beside an installed copy, say) would be what the zygote imports.
