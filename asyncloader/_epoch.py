@@ -143,7 +143,10 @@ class EpochContext:
         counted here."""
         assert self.procs is not None
         if not self.procs.ready:
-            return await self._while_starting(indices, items)
+            if not self.procs.work.set_up:
+                return await self._while_starting(indices, items)
+            # Each worker sets itself up (worker_init_fn) for the batches: they wait for it.
+            self.procs.start()
         fetching = items is None
         if fetching:
             self.recorder.calls_started(1, len(indices))

@@ -124,8 +124,13 @@ class DataLoader:
             always persist across epochs.
         in_order: Taken, as torch's: batches always come in order (``False`` allows
             another order; it does not ask for one).
-        worker_init_fn: ``None`` only: there are no workers started as torch's; do the setup
-            before building the loader, or in the dataset when it first needs it.
+        worker_init_fn: With ``cpu_processes``, called in each worker process with its
+            number (``0`` to ``cpu_processes - 1``) once the dataset is loaded there, before
+            its first batch, as torch calls it in each of its workers (a worker that takes
+            a dead one's place calls it again); ``torch.utils.data.get_worker_info()``
+            there gives the worker's number, their count, its seed and its copy of the
+            dataset. Every batch is then made in a worker, the first ones too. Exceptions
+            it raises fail every batch, saying why. Refused without ``cpu_processes``.
         multiprocessing_context: ``None`` only (``cpu_processes`` start from a fork server
             of the loader's own).
         pin_memory_device: ``""`` only (deprecated in torch: ``pin_memory`` pins for the
@@ -163,7 +168,7 @@ class DataLoader:
         max_errors: int | float | None = None,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
-        worker_init_fn: None = None,
+        worker_init_fn: Callable[[int], object] | None = None,
         multiprocessing_context: None = None,
         pin_memory_device: str = "",
         in_order: bool = True,
@@ -277,7 +282,11 @@ class DataLoader:
             )
         dataset = self._dataset if fetched_there else None
         held = held_limit(self._settings.cpu_processes)
-        return pickle_work(Work(dataset, self._transform, self._collate, self._skip, held))
+        processes = self._settings.cpu_processes
+        init = self._as_given.worker_init_fn
+        return pickle_work(
+            Work(dataset, self._transform, self._collate, self._skip, held, processes, init)
+        )
 
     @property
     def dataset(self) -> Any:
@@ -299,7 +308,9 @@ class DataLoader:
     generator = ReadOnly[object]("_as_given", "The torch.Generator given, if any.")
     prefetch_factor = ReadOnly["int | None"]("_as_given", "torch's prefetch_factor, as given.")
     persistent_workers = ReadOnly[bool]("_as_given", "As given (always so here).")
-    worker_init_fn = ReadOnly[None]("_as_given", "None: there are no workers as torch's.")
+    worker_init_fn = ReadOnly["Callable[[int], object] | None"](
+        "_as_given", "What each worker process of cpu_processes calls as it starts, if given."
+    )
     multiprocessing_context = ReadOnly[None]("_as_given", "None (see cpu_processes).")
     pin_memory_device = ReadOnly[str]("_as_given", "As given (deprecated in torch).")
     in_order = ReadOnly[bool]("_as_given", "As given (batches always come in order).")

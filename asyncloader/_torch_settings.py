@@ -4,13 +4,14 @@ A torch user passes them by habit (``persistent_workers=True, prefetch_factor=4`
 that mean something here are taken: the loader's threads and worker processes always
 persist across epochs, batches always come in order (``in_order=False`` allows another
 order, it does not ask for one), and ``prefetch_factor`` (batches loaded ahead by each of
-torch's workers) sets the same window of batches. The others configure torch's worker
-processes, which asyncloader has none of: they are refused, naming what to do instead.
+torch's workers) sets the same window of batches. ``worker_init_fn`` runs in each
+worker process of ``cpu_processes``, as in each of torch's. The others configure how torch
+starts its worker processes: they are refused, naming what to do instead.
 """
 
 from __future__ import annotations
 
-from ._settings import Settings, check_bool, check_int
+from ._settings import Settings, check_bool, check_callable, check_int
 
 DEFAULT_PREFETCH_DEPTH = 2
 """``prefetch_depth``'s default: given with ``prefetch_factor``, any other is refused."""
@@ -30,17 +31,18 @@ def check_torch_settings(
 
     Raises:
         TypeError: A setting has the wrong type.
-        ValueError: A setting configures torch's worker processes, or ``prefetch_factor``
-            is out of range or given with ``prefetch_depth``.
+        ValueError: A setting configures how torch starts its worker processes,
+            ``worker_init_fn`` is given without ``cpu_processes``, or ``prefetch_factor`` is
+            out of range or given with ``prefetch_depth``.
     """
     check_bool("persistent_workers", persistent_workers)
     check_bool("in_order", in_order)
-    if worker_init_fn is not None:
+    check_callable("worker_init_fn", worker_init_fn, ("worker_id",))
+    if worker_init_fn is not None and not settings.cpu_processes:
         raise ValueError(
-            "worker_init_fn: asyncloader has no worker processes to start per loader as "
-            "torch's (its threads share this process, and cpu_processes' workers load the "
-            "dataset as it was pickled): do the setup before building the loader, or in "
-            "the dataset when it first needs it"
+            "worker_init_fn: it runs in each worker process of cpu_processes, and without "
+            "them there is none to run it in (the CPU threads share this process): set "
+            "cpu_processes, or do the setup before building the loader"
         )
     if multiprocessing_context is not None:
         raise ValueError(

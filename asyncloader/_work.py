@@ -92,6 +92,7 @@ def _dump(
             ("dataset", work.dataset),
             ("transform", work.transform),
             ("collate_fn", work.collate),
+            ("worker_init_fn", work.worker_init),
         ):
             try:
                 pickle.dumps(value, protocol=5)
@@ -159,6 +160,9 @@ class PickledWork:
             raise
         self._fd = fd
         self._closed = weakref.finalize(self, os.close, fd)
+        self.set_up = work.worker_init is not None
+        """Whether each worker runs a ``worker_init_fn`` before its jobs (so no batch is made
+        elsewhere)."""
         self.main = "__main__" in found or "__mp_main__" in found
         """Whether it needs the main module (something in it was defined in a script)."""
         self.modules = sorted(

@@ -17,6 +17,7 @@ loader says so or goes away (its socket closes).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import multiprocessing
@@ -27,6 +28,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -104,6 +106,10 @@ class Work:
     """``errors="skip"``: failing items are dropped, and reported with the batch."""
     held: int
     """Segments a worker may leave with the loader at once (:func:`held_limit`)."""
+    processes: int
+    """How many workers the loader runs (``cpu_processes``)."""
+    worker_init: Callable[[int], object] | None
+    """torch's ``worker_init_fn``: called in each worker with its number, before its jobs."""
 
 
 class _Collect:
@@ -184,7 +190,7 @@ def load_work(fd: int, layout: Layout) -> Work:
         os.close(fd)
 
 
-def reseed() -> None:
+def reseed() -> int:
     """Seed the global generators of Python, NumPy and torch (those imported) from the OS.
 
     As torch seeds each of its workers: a fork of the zygote has its NumPy and torch
@@ -202,6 +208,27 @@ def reseed() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(entropy)
+    return entropy
+
+
+def _tell_torch(worker: int, work: Work, seed: int) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` here say which worker this is, as in
+    torch's workers: a ``worker_init_fn`` (or a dataset) written for torch finds there its
+    number, their count, its seed and its copy of the dataset. Only with a
+    ``worker_init_fn``, whose workers make every batch: without one the first batches are
+    made in the loader's process, where it says ``None``, and so it does in every worker.
+    Only where torch is imported (a torch dataset's module imports it); a torch that keeps
+    it elsewhere is left as it is."""
+    if "torch" not in sys.modules:
+        return
+    try:
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=worker, num_workers=work.processes, seed=seed, dataset=work.dataset
+        )
+    except Exception:  # pragma: no cover - a torch of another make
+        return
 
 
 def message(value: object) -> memoryview:
@@ -216,10 +243,19 @@ def message(value: object) -> memoryview:
 def serve(conn: Connection, work: Work, worker: int) -> None:
     """Worker ``worker``'s life, with the work loaded: run jobs until told to stop or
     orphaned. What its jobs log goes back with their answers (:mod:`._logs`)."""
-    reseed()
+    seed = reseed()
     # As multiprocessing names its processes: the name its log records carry.
     multiprocessing.current_process().name = f"asyncloader-worker-{worker}"
     carrier = Carrier.install()
+    if work.worker_init is not None:
+        _tell_torch(worker, work, seed)
+        try:
+            work.worker_init(worker)
+        # BaseException: a SystemExit too, which would end the worker unsaid.
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(pickle.dumps(("broken", error_payload(escaped(error)))))
+            return
     arena = Arena(work.held)
     set_arena(arena)
     # The descriptors of new segments go over the same socket, after their result.

@@ -594,3 +594,32 @@ class Prints:
     def __getitem__(self, index: int) -> int:
         print(f"item {index}")
         return index
+
+
+WORKER: int | None = None
+"""The worker number :func:`set_up_worker` was given in this process, if it ran here."""
+
+
+def set_up_worker(worker_id: int) -> None:
+    """A ``worker_init_fn``: notes the worker's number."""
+    global WORKER
+    WORKER = worker_id
+
+
+class CannotOpen(Exception):
+    """What :func:`cannot_set_up` raises."""
+
+
+def cannot_set_up(worker_id: int) -> None:
+    """A ``worker_init_fn`` that fails, as one whose database is not there."""
+    raise CannotOpen(f"worker {worker_id} cannot open its database")
+
+
+class WhichWorker:
+    """Item ``i`` is ``(i, WORKER, pid)`` as it is made."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[int, int | None, int]:
+        return index, WORKER, os.getpid()

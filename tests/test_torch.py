@@ -336,6 +336,57 @@ def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
         assert y.tolist() == ty.tolist()
 
 
+class OpensPerWorker(torch.utils.data.Dataset[Any]):  # type: ignore[misc,unused-ignore]
+    """torch's pattern for what each worker must open for itself (a database handle): its
+    ``worker_init_fn`` (:func:`open_per_worker`) finds its copy of the dataset through
+    ``get_worker_info()``. Each item says what its worker opened and what torch says of it."""
+
+    def __init__(self) -> None:
+        self.handle: str | None = None
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[str | None, int, int, bool]:
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        return self.handle, info.id, info.num_workers, info.seed == torch.initial_seed()
+
+
+def open_per_worker(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    assert info is not None
+    assert info.id == worker_id
+    dataset = info.dataset
+    assert isinstance(dataset, OpensPerWorker)
+    dataset.handle = f"opened by worker {worker_id}"
+
+
+def test_a_torch_worker_init_fn_finds_its_worker_and_dataset_as_in_torch() -> None:
+    def items(loader: Any) -> set[tuple[str | None, int, int, bool]]:
+        return {item for batch in loader for item in batch}
+
+    ours = DataLoader(
+        OpensPerWorker(),
+        batch_size=2,
+        collate_fn=list,
+        cpu_processes=2,
+        worker_init_fn=open_per_worker,
+    )
+    theirs = torch.utils.data.DataLoader(
+        OpensPerWorker(),
+        batch_size=2,
+        collate_fn=list,
+        num_workers=2,
+        worker_init_fn=open_per_worker,
+    )
+    expected = {(f"opened by worker {n}", n, 2, True) for n in (0, 1)}
+    with ours:
+        assert items(ours) <= expected
+        assert items(theirs) == expected
+    assert torch.utils.data.get_worker_info() is None
+
+
 class FirstDraws(torch.utils.data.Dataset[Any]):  # type: ignore[misc,unused-ignore]
     """In each worker process, its first item is the first draws of the global generators
     (NumPy's, Python's, torch's) in that process, made once ``workers`` processes have each

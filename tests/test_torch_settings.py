@@ -52,7 +52,13 @@ def test_prefetch_factor_is_torchs_batches_ahead_per_worker(
 
 
 REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
-    ({"worker_init_fn": print}, ValueError, "worker_init_fn: asyncloader has no worker"),
+    ({"worker_init_fn": print}, ValueError, "worker_init_fn: it runs in each worker process"),
+    ({"worker_init_fn": 3, "cpu_processes": 1}, TypeError, "worker_init_fn must be callable"),
+    (
+        {"worker_init_fn": lambda: None, "cpu_processes": 1},
+        TypeError,
+        "worker_init_fn must take \\(worker_id\\)",
+    ),
     ({"multiprocessing_context": "spawn"}, ValueError, "multiprocessing_context: asyncloader"),
     ({"pin_memory_device": "cuda"}, ValueError, "pin_memory_device: "),
     ({"prefetch_factor": 2}, ValueError, "prefetch_factor: num_workers=0"),

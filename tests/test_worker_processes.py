@@ -1989,6 +1989,75 @@ def test_what_the_workers_print_to_a_pipe_comes_out_once() -> None:
     )
 
 
+def test_worker_init_fn_runs_in_each_worker_before_its_first_batch() -> None:
+    # torch scripts pass worker_init_fn (seeding, a database handle per worker): it was
+    # refused, though cpu_processes has worker processes to run it in. Every batch is made in
+    # a worker that ran it, the first ones too (none on the loader's thread as they start).
+    loader = DataLoader(
+        proc_data.WhichWorker(),
+        batch_size=2,
+        collate_fn=list,
+        cpu_processes=2,
+        worker_init_fn=proc_data.set_up_worker,
+    )
+    with loader:
+        assert loader.worker_init_fn is proc_data.set_up_worker
+        for _ in range(2):
+            items = [item for batch in loader for item in batch]
+            assert [index for index, _, _ in items] == list(range(8))
+            assert {worker for _, worker, _ in items} <= {0, 1}
+            assert os.getpid() not in {pid for _, _, pid in items}
+    assert proc_data.WORKER is None  # never run in the loader's process
+
+
+def test_worker_init_fn_runs_again_in_a_worker_that_takes_a_dead_ones_place() -> None:
+    loader = DataLoader(
+        proc_data.WhichWorker(),
+        batch_size=1,
+        collate_fn=list,
+        cpu_processes=1,
+        worker_init_fn=proc_data.set_up_worker,
+    )
+    with loader:
+        [(_, worker, first)] = next(iter(loader))
+        assert worker == 0
+        os.kill(first, signal.SIGKILL)
+        assert _gone([first])
+        for _ in range(20):  # until the loader has seen it go, and replaced it
+            pids = {
+                (worker, pid)
+                for batch in run_epoch(loader)
+                if isinstance(batch, list)
+                for _, worker, pid in batch
+            }
+            if pids and first not in {pid for _, pid in pids}:
+                break
+        assert {worker for worker, _ in pids} == {0}
+        assert first not in {pid for _, pid in pids}
+
+
+def test_a_worker_init_fn_that_cannot_be_pickled_fails_at_construction_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"the worker_init_fn \(function\) cannot be sent"):
+        DataLoader(proc_data.WhichWorker(), cpu_processes=1, worker_init_fn=lambda n: None)
+
+
+def test_a_worker_init_fn_that_fails_fails_every_batch_saying_why() -> None:
+    loader = DataLoader(
+        proc_data.WhichWorker(),
+        batch_size=4,
+        collate_fn=list,
+        cpu_processes=1,
+        worker_init_fn=proc_data.cannot_set_up,
+    )
+    with loader:
+        outcomes = run_epoch(loader)
+    assert len(outcomes) == 2
+    for outcome in outcomes:
+        assert isinstance(outcome, proc_data.CannotOpen)
+        assert "worker 0 cannot open its database" in str(outcome)
+        assert "the worker's traceback" in str(outcome)
+
+
 def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
     # `python -c` puts the working directory first on sys.path: a package of the same name
     # there (a checkout beside an installed copy, say) would be what the zygote imports.
