@@ -1989,17 +1989,22 @@ def test_what_the_workers_print_to_a_pipe_comes_out_once() -> None:
     )
 
 
+def _set_up(init: Any, processes: int = 1, batch_size: int = 1) -> DataLoader:
+    """A loader of :class:`proc_data.WhichWorker` whose workers run ``init`` as they start."""
+    return DataLoader(
+        proc_data.WhichWorker(),
+        batch_size=batch_size,
+        collate_fn=list,
+        cpu_processes=processes,
+        worker_init_fn=init,
+    )
+
+
 def test_worker_init_fn_runs_in_each_worker_before_its_first_batch() -> None:
     # torch scripts pass worker_init_fn (seeding, a database handle per worker): it was
     # refused, though cpu_processes has worker processes to run it in. Every batch is made in
     # a worker that ran it, the first ones too (none on the loader's thread as they start).
-    loader = DataLoader(
-        proc_data.WhichWorker(),
-        batch_size=2,
-        collate_fn=list,
-        cpu_processes=2,
-        worker_init_fn=proc_data.set_up_worker,
-    )
+    loader = _set_up(proc_data.set_up_worker, processes=2, batch_size=2)
     with loader:
         assert loader.worker_init_fn is proc_data.set_up_worker
         for _ in range(2):
@@ -2011,13 +2016,7 @@ def test_worker_init_fn_runs_in_each_worker_before_its_first_batch() -> None:
 
 
 def test_worker_init_fn_runs_again_in_a_worker_that_takes_a_dead_ones_place() -> None:
-    loader = DataLoader(
-        proc_data.WhichWorker(),
-        batch_size=1,
-        collate_fn=list,
-        cpu_processes=1,
-        worker_init_fn=proc_data.set_up_worker,
-    )
+    loader = _set_up(proc_data.set_up_worker)
     with loader:
         [(_, worker, first)] = next(iter(loader))
         assert worker == 0
@@ -2042,13 +2041,7 @@ def test_a_worker_init_fn_that_cannot_be_pickled_fails_at_construction_naming_it
 
 
 def test_a_worker_init_fn_that_fails_fails_every_batch_saying_why() -> None:
-    loader = DataLoader(
-        proc_data.WhichWorker(),
-        batch_size=4,
-        collate_fn=list,
-        cpu_processes=1,
-        worker_init_fn=proc_data.cannot_set_up,
-    )
+    loader = _set_up(proc_data.cannot_set_up, batch_size=4)
     with loader:
         outcomes = run_epoch(loader)
     assert len(outcomes) == 2
