@@ -1,12 +1,15 @@
-"""What the user's code logs in a worker process, handled by the loader's process.
+"""What the user's code logs or warns in a worker process, handled as in the loader's.
 
 A worker is a fork of a fresh interpreter: the training script's logging configuration (its
-handlers and levels) is not there, where torch's forked workers have it. So the loader's
-levels cross as the workers' server starts (:func:`levels`, :func:`follow`), and a worker
-whose root logger has no handler once the work is loaded (the work's modules configured none)
-keeps each record logged at those levels (:class:`Carrier`) and sends it back with its job's
-answer. The loader's process hands it to its own logger of that name (:func:`replay`), whose
-handlers write it as theirs, with the worker's process id and name.
+handlers and levels) and its warning filters are not there, where torch's forked workers have
+them. So the loader's process says how it reports (:func:`reporting`) as the workers' server
+starts: the server takes its logging levels before it imports anything (:func:`follow`), and
+each worker its warning filters once the work's modules are imported (:func:`warn_as`), and
+sends warnings to logging where the loader's process does (``logging.captureWarnings``). A
+worker whose root logger has no handler once the work is loaded (the work's modules configured
+none) keeps each record logged at those levels (:class:`Carrier`) and sends it back with its
+job's answer. The loader's process hands it to its own logger of that name (:func:`replay`),
+whose handlers write it as theirs, with the worker's process id and name.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import re
+import sys
 import traceback
+import warnings
+from dataclasses import dataclass
 from typing import Any, Final
 
-Levels = tuple[dict[str, int], int]
-"""The levels set on loggers, by name (``""``: the root), and ``logging.disable``'s."""
+Filter = tuple[str, str | None, tuple[str, str], str | None, int]
+"""A warning filter as it crosses: its action, message pattern, category (by module and
+name: resolved where that module is imported), module pattern and line."""
 
 Record = dict[str, Any]
 """A log record as it crosses: its attributes, its message formatted."""
@@ -32,22 +40,80 @@ _PLAIN: Final = (str, int, float, bool, type(None))
 _FORMAT: Final = logging.Formatter()
 
 
-def levels() -> Levels:
-    """This process's logging levels, for the workers' server to follow."""
+@dataclass(frozen=True)
+class Reporting:
+    """How a process reports what code logs and warns, for a worker to do the same."""
+
+    levels: dict[str, int]
+    """The levels set on loggers, by name (``""``: the root)."""
+    disabled: int
+    """``logging.disable``'s level."""
+    filters: list[Filter]
+    """The warning filters, first first."""
+    captured: bool
+    """Whether warnings go to logging (``logging.captureWarnings(True)``)."""
+
+
+def _pattern(field: Any) -> str | None:
+    """A filter's message or module as a pattern: a string there (as Python's own default
+    filters have) matches itself whole, as ``-W``'s are made to."""
+    if field is None or isinstance(field, str):
+        return None if field is None else re.escape(field) + r"\Z"
+    return str(field.pattern)
+
+
+def reporting() -> Reporting:
+    """How this process reports, for its workers to follow."""
     manager = logging.root.manager
-    found = {"": logging.root.level}
+    levels = {"": logging.root.level}
     for name, logger in list(manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
-            found[name] = logger.level
-    return found, manager.disable
+            levels[name] = logger.level
+    filters: list[Filter] = []
+    for action, message, kind, module, line in list(warnings.filters):
+        if not isinstance(kind, type):  # not a filter as the warnings module makes them
+            continue
+        category = (kind.__module__, kind.__qualname__)
+        with contextlib.suppress(AttributeError):  # a pattern of no kind it makes: passed over
+            filters.append((action, _pattern(message), category, _pattern(module), line))
+    captured = warnings.showwarning is getattr(logging, "_showwarning", None)
+    return Reporting(levels, manager.disable, filters, captured)
 
 
-def follow(settings: Levels) -> None:
-    """Set the loader's levels here (before the work's modules, which may set their own)."""
-    found, disabled = settings
-    for name, level in found.items():
+def follow(settings: Reporting) -> None:
+    """Take the loader's logging levels here (before the work's modules, which may set
+    their own)."""
+    for name, level in settings.levels.items():
         logging.getLogger(name or None).setLevel(level)
-    logging.disable(disabled)
+    logging.disable(settings.disabled)
+
+
+def _category(module: str, name: str) -> type[Warning] | None:
+    """A warning category by name, if its module is imported here (none imports one: a
+    filter must not pull torch into a worker that does not need it)."""
+    found: Any = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) and issubclass(found, Warning) else None
+
+
+def warn_as(settings: Reporting) -> None:
+    """Take the loader's warning filters here, and send warnings to logging where it does.
+    A filter whose category's module is not imported here is left out."""
+    warnings.resetwarnings()
+    for action, message, (module, name), where, line in settings.filters:
+        category = _category(module, name)
+        if category is not None:
+            warnings.filterwarnings(
+                action,  # type: ignore[arg-type]
+                message or "",
+                category,
+                where or "",
+                line,
+                append=True,
+            )
+    if settings.captured:
+        logging.captureWarnings(True)
 
 
 def _shown(value: object) -> str:

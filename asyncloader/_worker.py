@@ -36,7 +36,7 @@ from typing import Any, Final
 from ._augment import epoch_key
 from ._batch_work import fetch_or_skip, transform_and_collate
 from ._forked import parents_only
-from ._logs import Carrier
+from ._logs import Carrier, Reporting, warn_as
 from ._shared import Arena, set_arena
 from ._skip import SKIPPED
 from ._stats import Recorder, current, fetched_bytes
@@ -240,12 +240,14 @@ def message(value: object) -> memoryview:
     return stream.getbuffer()
 
 
-def serve(conn: Connection, work: Work, worker: int) -> None:
+def serve(conn: Connection, work: Work, worker: int, settings: Reporting) -> None:
     """Worker ``worker``'s life, with the work loaded: run jobs until told to stop or
-    orphaned. What its jobs log goes back with their answers (:mod:`._logs`)."""
+    orphaned. It warns as the loader's process does (``settings``), and what its jobs log
+    goes back with their answers (:mod:`._logs`)."""
     seed = reseed()
     # As multiprocessing names its processes: the name its log records carry.
     multiprocessing.current_process().name = f"asyncloader-worker-{worker}"
+    warn_as(settings)
     carrier = Carrier.install()
     if work.worker_init is not None:
         _tell_torch(worker, work, seed)

@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any, BinaryIO, Final
 
 from ._forked import parents_only
-from ._logs import follow, levels
+from ._logs import Reporting, follow, reporting
 from ._shared import anonymous
 from ._worker import Layout, Work, error_payload, load_work, serve
 
@@ -294,8 +294,8 @@ class Zygote:
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
         # sys.argv too, as multiprocessing gives its processes: a script that parses its
         # options as it is imported gets the same ones.
-        # The levels of its loggers too: what the workers log at them comes back here.
-        message = (modules, source, sys.argv, levels(), work, layout)
+        # How this process logs and warns too, for the workers to do as it does.
+        message = (modules, source, sys.argv, reporting(), work, layout)
         self._conn.send_bytes(pickle.dumps(message))
         self._reader = threading.Thread(target=self._read, name="asyncloader-zygote", daemon=True)
         self._reader.start()
@@ -400,7 +400,9 @@ def _load_shared(memory: _Memory) -> Work | None:
     return work
 
 
-def _serve(conn: Connection, work: Work | None, memory: _Memory, number: int) -> None:
+def _serve(
+    conn: Connection, work: Work | None, memory: _Memory, number: int, settings: Reporting
+) -> None:
     """Worker ``number``'s life: with the work shared, or once it loaded its own (or said
     why not)."""
     fd, layout = memory
@@ -413,7 +415,7 @@ def _serve(conn: Connection, work: Work | None, memory: _Memory, number: int) ->
             with contextlib.suppress(OSError):
                 conn.send_bytes(pickle.dumps(("broken", error_payload(error))))
             return
-    serve(conn, work, number)
+    serve(conn, work, number, settings)
 
 
 def _flush() -> None:
@@ -432,9 +434,10 @@ def _fork(
     inherited: list[int],
     work: Work | None,
     memory: _Memory,
+    settings: Reporting,
 ) -> int:
     if _threads() > 1:  # an import or a load started a thread: fork no more, exec a worker
-        payload = (number, fd, source, sys.argv, levels(), *memory)
+        payload = (number, fd, source, sys.argv, settings, *memory)
         return _start("alone", payload, [fd, memory[0]], dict(os.environ)).pid
     _flush()
     pid = os.fork()
@@ -447,7 +450,7 @@ def _fork(
         for descriptor in inherited:
             os.close(descriptor)
         gc.enable()
-        _serve(Connection(fd), work, memory, number)  # its own copy of the descriptor
+        _serve(Connection(fd), work, memory, number, settings)  # its own copy of fd
         code = 0
     except BaseException:
         import traceback
@@ -489,7 +492,7 @@ def _zygote(sock: socket.socket, conn: Connection) -> None:
         os.set_blocking(wakeup[1], False)
         signal.set_wakeup_fd(wakeup[1])
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        _fork_workers(sock, conn, source, wakeup, work, (memory[0], memory[1]))
+        _fork_workers(sock, conn, source, wakeup, work, (memory[0], memory[1]), settings)
     except (EOFError, OSError):  # the loader is gone
         return
 
@@ -501,6 +504,7 @@ def _fork_workers(
     wakeup: tuple[int, int],
     work: Work | None,
     memory: _Memory,
+    settings: Reporting,
 ) -> None:
     """Fork a worker each time the loader asks, until it goes; then end those still running.
 
@@ -520,7 +524,7 @@ def _fork_workers(
                 number = pickle.loads(conn.recv_bytes())
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 inherited = [*wakeup, sock.fileno(), conn.fileno()]
-                pid = _fork(number, source, fds[0], inherited, work, memory)
+                pid = _fork(number, source, fds[0], inherited, work, memory, settings)
                 children.add(pid)
                 os.close(fds[0])
                 _send(conn, ("forked", number, pid))
@@ -539,4 +543,4 @@ def alone(boot: BinaryIO) -> None:
     follow(settings)
     if source is not None:
         _import_main(source)
-    _serve(Connection(fd), None, (memory, layout), number)
+    _serve(Connection(fd), None, (memory, layout), number, settings)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -623,3 +624,18 @@ class WhichWorker:
 
     def __getitem__(self, index: int) -> tuple[int, int | None, int]:
         return index, WORKER, os.getpid()
+
+
+class Noisy(UserWarning):
+    """What :class:`Warns` warns."""
+
+
+class Warns:
+    """Every item warns, ``noisy item i`` (a :class:`Noisy`), where it is made."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        warnings.warn(f"noisy item {index}", Noisy, stacklevel=1)
+        return index

@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -1987,6 +1988,50 @@ def test_what_the_workers_print_to_a_pipe_comes_out_once() -> None:
     assert sorted(done.stdout.splitlines()) == sorted(
         ["loaded", *(f"item {index}" for index in range(8))]
     )
+
+
+def test_the_workers_follow_the_loaders_warning_filters() -> None:
+    # A script's warnings.filterwarnings() did not reach the workers, which forked torch
+    # workers inherit: a warning silenced there came out of every worker, once an item, and
+    # one made an error there did not fail its batch as it does on a thread.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=proc_data.Noisy)
+        with DataLoader(proc_data.Warns(), batch_size=2, cpu_processes=2) as loader:
+            outcomes = run_epoch(ready(loader))
+    assert [type(outcome) for outcome in outcomes] == [proc_data.Noisy] * 2
+    assert "noisy item" in str(outcomes[0])
+
+
+def test_a_warning_silenced_in_the_script_is_silent_in_the_workers() -> None:
+    script = """
+        import warnings
+        warnings.filterwarnings("ignore", message="noisy")
+        with DataLoader(proc_data.Warns(), batch_size=2, cpu_processes=2) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            print([batch.tolist() for batch in loader])
+        """
+    done = _child(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[[0, 1], [2, 3]]"
+    assert "noisy" not in done.stderr
+
+
+def test_warnings_captured_by_logging_in_the_script_are_logged_from_the_workers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", proc_data.Noisy)  # not an error, as pytest has it
+        logging.captureWarnings(True)
+        try:
+            with DataLoader(proc_data.Warns(), batch_size=2, cpu_processes=2) as loader:
+                assert [batch.tolist() for batch in ready(loader)] == [[0, 1], [2, 3]]
+        finally:
+            logging.captureWarnings(False)
+    said = [r.getMessage() for r in caplog.records if r.name == "py.warnings"]
+    assert sorted(line.split(": ", 2)[-1].split("\n")[0] for line in said) == [
+        f"noisy item {index}" for index in range(4)
+    ]
+    assert {r.process for r in caplog.records if r.name == "py.warnings"} & {os.getpid()} == set()
 
 
 def _set_up(init: Any, processes: int = 1, batch_size: int = 1) -> DataLoader:
