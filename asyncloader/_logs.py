@@ -3,7 +3,8 @@
 A worker is a fork of a fresh interpreter: the training script's logging configuration (its
 handlers and levels) and its warning filters are not there, where torch's forked workers have
 them. So the loader's process says how it reports (:func:`reporting`) as the workers' server
-starts: the server takes its logging levels before it imports anything (:func:`follow`), and
+starts: the server takes its logging levels, and its ``faulthandler`` (a worker's crash then
+dumps its Python traceback on stderr), before it imports anything (:func:`follow`), and
 each worker its warning filters once the work's modules are imported (:func:`warn_as`), and
 sends warnings to logging where the loader's process does (``logging.captureWarnings``). A
 worker whose root logger has no handler once the work is loaded (the work's modules configured
@@ -15,6 +16,7 @@ whose handlers write it as theirs, with the worker's process id and name.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import pickle
 import re
@@ -52,6 +54,8 @@ class Reporting:
     """The warning filters, first first."""
     captured: bool
     """Whether warnings go to logging (``logging.captureWarnings(True)``)."""
+    faults: bool
+    """Whether ``faulthandler`` is enabled."""
 
 
 def _pattern(field: Any) -> str | None:
@@ -77,15 +81,18 @@ def reporting() -> Reporting:
         with contextlib.suppress(AttributeError):  # a pattern of no kind it makes: passed over
             filters.append((action, _pattern(message), category, _pattern(module), line))
     captured = warnings.showwarning is getattr(logging, "_showwarning", None)
-    return Reporting(levels, manager.disable, filters, captured)
+    return Reporting(levels, manager.disable, filters, captured, faulthandler.is_enabled())
 
 
 def follow(settings: Reporting) -> None:
     """Take the loader's logging levels here (before the work's modules, which may set
-    their own)."""
+    their own), and its ``faulthandler``, to stderr (where it wrote cannot cross)."""
     for name, level in settings.levels.items():
         logging.getLogger(name or None).setLevel(level)
     logging.disable(settings.disabled)
+    if settings.faults and not faulthandler.is_enabled():
+        with contextlib.suppress(Exception):  # no stderr to write to
+            faulthandler.enable(all_threads=True)
 
 
 def _category(module: str, name: str) -> type[Warning] | None:

@@ -2034,6 +2034,30 @@ def test_warnings_captured_by_logging_in_the_script_are_logged_from_the_workers(
     assert {r.process for r in caplog.records if r.name == "py.warnings"} & {os.getpid()} == set()
 
 
+def test_a_worker_that_crashes_dumps_its_traceback_where_the_script_enabled_faulthandler() -> None:
+    # faulthandler.enable() in a script (pytest's own, or a training script's) did not reach
+    # the workers, which a forked torch worker inherits: a segfault there said only
+    # "killed by signal SIGSEGV", not where in the user's code it happened.
+    script = """
+        import faulthandler
+        faulthandler.enable()
+        dataset = proc_data.Failing(8, fail_at=3, how="segfault")
+        with DataLoader(dataset, batch_size=2, cpu_processes=1) as loader:
+            assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
+            print([type(batch).__name__ for batch in run(loader)])
+        """
+    prelude = "from tests.test_worker_processes import run_epoch as run\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    done = _child(prelude + textwrap.dedent(script), env=env)
+    assert done.returncode == 0, done.stderr
+    kinds = done.stdout.strip()  # the batch of item 3 failed, and the next if it was held
+    assert kinds.startswith("['ndarray', 'WorkerError', ")
+    assert kinds.endswith(", 'ndarray']")
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert 'proc_data.py", line' in done.stderr
+    assert "in __getitem__" in done.stderr
+
+
 def _set_up(init: Any, processes: int = 1, batch_size: int = 1) -> DataLoader:
     """A loader of :class:`proc_data.WhichWorker` whose workers run ``init`` as they start."""
     return DataLoader(
