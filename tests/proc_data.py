@@ -639,3 +639,9 @@ class Warns:
     def __getitem__(self, index: int) -> int:
         warnings.warn(f"noisy item {index}", Noisy, stacklevel=1)
         return index
+
+
+def logged(index: int, item: Any) -> Any:
+    """A transform that logs each item's index at INFO."""
+    logging.getLogger("proc_data.transform").info("transformed item %d", index)
+    return item

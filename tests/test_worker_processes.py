@@ -1936,6 +1936,23 @@ def test_what_the_workers_log_reaches_the_loaders_handlers(
     assert "_thread.lock object" in odd.__dict__["lock"]  # its repr: a lock cannot cross
 
 
+@pytest.mark.parametrize(
+    "dataset", [proc_data.StreamOfImages(6), proc_data.AsyncImages(6)], ids=["stream", "async"]
+)
+def test_what_a_transform_logs_in_the_workers_reaches_the_loaders_handlers(
+    dataset: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The items are read in the loader's process; only the transform and collate_fn run in
+    # the workers, whose answers carry the records back the same way.
+    caplog.set_level(logging.INFO, logger="proc_data")
+    loader = DataLoader(dataset, batch_size=3, cpu_processes=2, transform=proc_data.logged)
+    with ready(loader):
+        assert [len(batch) for batch in loader] == [3, 3]
+    records = [r for r in caplog.records if r.name == "proc_data.transform"]
+    assert sorted(r.getMessage() for r in records) == [f"transformed item {i}" for i in range(6)]
+    assert {r.processName for r in records} <= {"asyncloader-worker-0", "asyncloader-worker-1"}
+
+
 def test_a_job_that_logs_without_end_carries_back_a_bounded_part_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
