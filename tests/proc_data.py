@@ -645,3 +645,19 @@ def logged(index: int, item: Any) -> Any:
     """A transform that logs each item's index at INFO."""
     logging.getLogger("proc_data.transform").info("transformed item %d", index)
     return item
+
+
+class Opener:
+    """Each item is what :meth:`open`, its worker's ``worker_init_fn``, opened."""
+
+    def __init__(self) -> None:
+        self.opened: str | None = None
+
+    def __len__(self) -> int:
+        return 4
+
+    def open(self, worker_id: int) -> None:
+        self.opened = f"opened by worker {worker_id}"
+
+    def __getitem__(self, index: int) -> str | None:
+        return self.opened

@@ -2101,6 +2101,19 @@ def test_worker_init_fn_runs_in_each_worker_before_its_first_batch() -> None:
     assert proc_data.WORKER is None  # never run in the loader's process
 
 
+def test_a_worker_init_fn_that_is_the_datasets_method_sets_up_the_workers_copy() -> None:
+    # The method and the dataset cross in one pickle: in a worker, the method is bound to
+    # the dataset that worker reads, not to a copy of its own.
+    dataset = proc_data.Opener()
+    with DataLoader(
+        dataset, batch_size=2, collate_fn=list, cpu_processes=2, worker_init_fn=dataset.open
+    ) as loader:
+        opened = {item for batch in loader for item in batch}
+    assert opened <= {"opened by worker 0", "opened by worker 1"}
+    assert opened
+    assert dataset.opened is None
+
+
 def test_worker_init_fn_runs_again_in_a_worker_that_takes_a_dead_ones_place() -> None:
     loader = _set_up(proc_data.set_up_worker)
     with loader:
