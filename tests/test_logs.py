@@ -3,6 +3,7 @@ the filters as they cross and as they are made again."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from typing import Any
@@ -46,13 +47,8 @@ def test_a_filter_whose_category_is_not_imported_is_left_out() -> None:
         warnings.simplefilter("ignore", proc_data.Noisy)
         settings = reporting()
         assert settings.filters == [("ignore", None, ("tests.proc_data", "Noisy"), None, 0)]
-        moved = type(settings)(
-            settings.levels,
-            settings.disabled,
-            [("ignore", None, ("no_such_module", "Noisy"), None, 0), *settings.filters],
-            settings.captured,
-            settings.faults,
-        )
+        unimported = ("ignore", None, ("no_such_module", "Noisy"), None, 0)
+        moved = dataclasses.replace(settings, filters=[unimported, *settings.filters])
         warn_as(moved)
         made = list(warnings.filters)
     assert made == [("ignore", None, proc_data.Noisy, None, 0)]
