@@ -7,22 +7,14 @@ message that points at the argument, never later in the middle of an epoch.
 from __future__ import annotations
 
 import inspect
-import os
 import resource
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
+from ._cpus import available_cpus
 from ._transform import Compose
 
 T = TypeVar("T")
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (affinity-aware, as the reference's default)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def spare_descriptors() -> int | None:

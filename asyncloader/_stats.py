@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Final, Literal
 
-from ._settings import available_cpus
+from ._cpus import available_cpus
 
 _SAMPLES: Final = 4096
 """Durations kept per stage for the percentiles (the most recent ones)."""
