@@ -322,6 +322,11 @@ class Where:
         return index, os.getpid(), os.getppid()
 
 
+def stamped(index: int, item: Any) -> dict[str, Any]:
+    """A transform: ``item`` with the pid of the process that transformed it."""
+    return {"image": item, "pid": os.getpid()}
+
+
 class CountsPickles(Images):
     """Counts, in the loader's process, how often it was pickled."""
 

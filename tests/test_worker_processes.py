@@ -1289,6 +1289,47 @@ def test_nothing_is_left_in_dev_shm_after_close_an_exception_or_sigkill() -> Non
 
 
 @pytest.mark.timeout(120)
+def test_batches_come_back_under_a_containers_small_dev_shm() -> None:
+    # Docker gives a container a /dev/shm of 64 MiB, where torch's workers put each batch:
+    # a batch larger than what is left fails there ("unable to allocate shared memory", or a
+    # bus error). The workers' memory is nameless (memfd), outside /dev/shm: here 1 MiB of
+    # /dev/shm, in a mount namespace of the child's own, and batches of 4.3 MB.
+    script = """
+    if __name__ == "__main__":
+        import os
+        import numpy as np
+        shm = os.statvfs("/dev/shm")
+        print("shm", shm.f_blocks * shm.f_frsize)
+        images = proc_data.Images(12, size=600)
+        loader = DataLoader(
+            images, batch_size=4, cpu_processes=2, transform=proc_data.stamped
+        )
+        it = iter(loader)
+        batches = [next(it)]
+        pids = proc_data.worker_pids(loader)  # the next epoch's batches are all theirs
+        batches += [*it, *loader]
+        for number, batch in enumerate(batches):
+            first = 4 * (number % 3)
+            expected = np.stack([images[i] for i in range(first, first + 4)])
+            assert np.array_equal(batch["image"], expected), number
+        assert set(np.concatenate([b["pid"] for b in batches[3:]])) <= set(pids), pids
+        print("batches", len(batches), batches[-1]["image"].nbytes)
+    """
+    prelude = "from asyncloader import DataLoader\nfrom tests import proc_data\n"
+    small = 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" -c "$1"'
+    namespace = ["unshare", "--user", "--map-root-user", "--mount"]
+    done = subprocess.run(
+        [*namespace, "sh", "-c", small, sys.executable, prelude + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["shm", str(2**20), "batches", "6", str(4 * 600 * 600 * 3)]
+
+
+@pytest.mark.timeout(120)
 def test_batches_all_kept_need_no_descriptor_or_mapping_each() -> None:
     # Under a descriptor limit of 256: a consumer that keeps 1,500 batches, and a batch of
     # 600 arrays (collate_fn=list), each of which took a shared segment with a descriptor.
