@@ -400,11 +400,34 @@ def _load_shared(memory: _Memory) -> Work | None:
     return work
 
 
+OOM_SCORE_ADJ: Final = 500
+"""The least ``oom_score_adj`` of a worker: when the kernel picks a process to kill for memory,
+it counts the worker as holding half of the memory there is (its cgroup's limit, or the
+machine's) more than it does, so that a worker, which the loader replaces at the cost of the
+batches it held, goes before the training process (its job, unless that process took the
+memory itself). Ray raises its workers' likewise."""
+
+
+def _first_for_the_oom_killer() -> None:
+    """Raise this process's ``oom_score_adj`` to :data:`OOM_SCORE_ADJ`, never lower it (any
+    process may raise its own; a container's may already be higher)."""
+    path = "/proc/self/oom_score_adj"
+    try:
+        with open(path) as file:
+            if int(file.read()) >= OOM_SCORE_ADJ:
+                return
+        with open(path, "w") as file:
+            file.write(str(OOM_SCORE_ADJ))
+    except (OSError, ValueError):
+        pass  # no /proc here: the kernel's choice stands
+
+
 def _serve(
     conn: Connection, work: Work | None, memory: _Memory, number: int, settings: Reporting
 ) -> None:
     """Worker ``number``'s life: with the work shared, or once it loaded its own (or said
     why not)."""
+    _first_for_the_oom_killer()
     fd, layout = memory
     if work is not None:
         os.close(fd)

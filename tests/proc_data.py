@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -323,8 +324,28 @@ class Where:
 
 
 def stamped(index: int, item: Any) -> dict[str, Any]:
-    """A transform: ``item`` with the pid of the process that transformed it."""
-    return {"image": item, "pid": os.getpid()}
+    """A transform: ``item`` with the pid of the process that transformed it, and that
+    process's ``oom_score_adj``."""
+    with open("/proc/self/oom_score_adj") as adjusted:
+        return {"image": item, "pid": os.getpid(), "oom_score_adj": int(adjusted.read())}
+
+
+class Balloons:
+    """Item ``i`` is ``[i, i, i, i]``; item ``at``, made in a worker process, first takes
+    (and writes) ``mib`` MiB for a moment, as a decoder fed a huge image does."""
+
+    def __init__(self, at: int, mib: int) -> None:
+        self.at = at
+        self.mib = mib
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        if index == self.at and multiprocessing.current_process().name != "MainProcess":
+            taken = np.ones(self.mib << 20, dtype=np.uint8)
+            index += int(taken[-1]) - 1
+        return np.full(4, index, dtype=np.int64)
 
 
 class CountsPickles(Images):

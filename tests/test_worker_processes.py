@@ -1329,6 +1329,103 @@ def test_batches_come_back_under_a_containers_small_dev_shm() -> None:
     assert done.stdout.split() == ["shm", str(2**20), "batches", "6", str(4 * 600 * 600 * 3)]
 
 
+def _oom_score_adj(pid: int | str) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as file:
+        return int(file.read())
+
+
+@pytest.mark.parametrize("own", [0, 800])
+def test_the_workers_are_the_oom_killers_first_choice(own: int) -> None:
+    # A worker's oom_score_adj is raised to 500, never lowered (a container's may be higher);
+    # the loader's process and the workers' server keep theirs.
+    done = _child(
+        f"""
+        if __name__ == "__main__":
+            with open("/proc/self/oom_score_adj", "w") as file:
+                file.write("{own}")
+            loader = DataLoader(
+                proc_data.Images(16), batch_size=4, cpu_processes=2, transform=proc_data.stamped
+            )
+            it = iter(loader)
+            next(it)
+            pids = proc_data.worker_pids(loader)
+            with open(f"/proc/{{pids[0]}}/stat") as stat:
+                server = stat.read().rsplit(")", 1)[1].split()[1]
+            adjusted = {{
+                int(pid): int(adj)
+                for batch in loader
+                for pid, adj in zip(batch["pid"], batch["oom_score_adj"])
+            }}
+            assert set(adjusted) <= set(pids), (adjusted, pids)
+            print(*set(adjusted.values()), open(f"/proc/{{server}}/oom_score_adj").read())
+            loader.close()
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(max(own, 500)), str(own)]
+    assert _oom_score_adj("self") == 0
+
+
+def _memory_group(limit: int) -> Path:
+    """A cgroup v1 memory group under this process's own, of ``limit`` bytes."""
+    with open("/proc/self/cgroup") as lines:
+        own = next(line for line in lines if "memory" in line.split(":")[1].split(","))
+    group = Path("/sys/fs/cgroup/memory", own.split(":", 2)[2].strip().lstrip("/"))
+    group /= f"asyncloader-test-{os.getpid()}"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    return group
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_takes_the_memory_goes_not_the_training_process() -> None:
+    # The OOM killer takes the process that holds the most memory: here the training process
+    # (440 MiB) when a worker takes 300 MiB in a group limited to 700 MiB. That killed the job
+    # (the child died of SIGKILL); the worker goes now, its batches fail, the epoch goes on.
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root (CI runs as root)")
+    group = _memory_group(700 << 20)
+    try:
+        done = _child(
+            f"""
+            if __name__ == "__main__":
+                import numpy as np
+                from asyncloader import WorkerError
+                with open({str(group / "cgroup.procs")!r}, "w") as procs:
+                    procs.write(str(os.getpid()))
+                held = np.ones(400 << 20, dtype=np.uint8)  # the model, the optimizer
+                loader = DataLoader(proc_data.Balloons(7, 300), batch_size=1, cpu_processes=1)
+                outcomes = []
+                for epoch in range(2):
+                    batches = iter(loader)
+                    if epoch == 0:  # the batches made on this thread meanwhile, then theirs
+                        outcomes.append(int(next(batches)[0, 0]))
+                        proc_data.worker_pids(loader)
+                    while True:
+                        try:
+                            outcomes.append(int(next(batches)[0, 0]))
+                        except StopIteration:
+                            break
+                        except WorkerError as error:
+                            assert "SIGKILL" in str(error), error
+                            outcomes.append(-1)
+                print(*outcomes, "survived", int(held[-1]))
+            """,
+            timeout=90,
+        )
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, f"{done.returncode}: {done.stderr}"
+    *outcomes, survived, one = done.stdout.split()
+    assert (survived, one) == ("survived", "1")
+    assert len(outcomes) == 20
+    expected = list(range(10)) * 2
+    failed = [i for i, got in enumerate(outcomes) if got != str(expected[i])]
+    assert failed, "no worker was killed: the OOM killer was never called"
+    assert all(outcomes[i] == "-1" for i in failed), outcomes
+    assert 7 in failed, outcomes
+
+
 @pytest.mark.timeout(120)
 def test_batches_all_kept_need_no_descriptor_or_mapping_each() -> None:
     # Under a descriptor limit of 256: a consumer that keeps 1,500 batches, and a batch of
