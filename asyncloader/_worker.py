@@ -10,8 +10,9 @@ fetched). Each job runs in the code the threads run (:mod:`._epoch`), under the 
 goes back through shared memory (:mod:`._shared`); a failure goes back as a value: the
 exception pickled if it can be, its text and its traceback.
 
-A worker takes SIGINT and SIGTERM and does nothing (the zygote set it so): Ctrl-C and a job's
-SIGTERM are the loader's process's to handle, and it stops its workers. It exits when the
+A worker takes SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 and does nothing (the zygote set it so):
+Ctrl-C and a job's SIGTERM or SLURM's warning are the loader's process's to handle, and it
+stops its workers. It exits when the
 loader says so or goes away (its socket closes).
 """
 

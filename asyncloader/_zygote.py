@@ -194,12 +194,13 @@ class WorkerProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-_SHIELDED: Final = (signal.SIGINT, signal.SIGTERM)
+_SHIELDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 """Signals sent to every process of a job, that are its main process's to handle: Ctrl-C (to
-the terminal's foreground group) and SIGTERM (SLURM's preemption, ``scancel`` and time limit,
+the terminal's foreground group), SIGTERM (SLURM's preemption, ``scancel`` and time limit,
 systemd's stop; a SIGKILL follows after a grace time in which a training loop saves its
-checkpoint). The zygote and the workers take them and do nothing: they exit when the loader
-closes or its process goes (their sockets close)."""
+checkpoint) and SIGUSR1 or SIGUSR2 (SLURM's ``--signal``, a warning that the time is nearly
+up, on which Lightning and submitit save and requeue). The zygote and the workers take them
+and do nothing: they exit when the loader closes or its process goes (their sockets close)."""
 
 
 def _unheeded(number: int, frame: object) -> None:

@@ -516,8 +516,8 @@ class ReadsStdin:
 
 
 class ChildSignals:
-    """Item ``i`` is how a Python process that the dataset starts finds SIGINT and SIGTERM
-    (a tool run per item), as ``signal.getsignal`` names them."""
+    """Item ``i`` is how a Python process that the dataset starts finds SIGINT, SIGTERM,
+    SIGUSR1 and SIGUSR2 (a tool run per item), as ``signal.getsignal`` names them."""
 
     def __len__(self) -> int:
         return 1
@@ -525,7 +525,7 @@ class ChildSignals:
     def __getitem__(self, index: int) -> str:
         probe = (
             "import signal\n"
-            "for number in (signal.SIGINT, signal.SIGTERM):\n"
+            "for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):\n"
             "    handler = signal.getsignal(number)\n"
             "    print(handler.__name__ if callable(handler) else signal.Handlers(handler).name)"
         )

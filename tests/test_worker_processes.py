@@ -1573,20 +1573,23 @@ def test_ctrl_c_as_the_workers_server_starts_leaves_it_whole() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_to_the_whole_job_leaves_the_workers_to_the_loader() -> None:
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+def test_a_signal_to_the_whole_job_leaves_the_workers_to_the_loader(sent: str) -> None:
     # SLURM (preemption, scancel, the time limit) and systemd send SIGTERM to every process of
-    # the job, then SIGKILL after a grace time in which a training loop saves its checkpoint.
-    # The workers and their server died at once: the loop's next batches failed
-    # ("killed by signal SIGTERM"), and so did the save it had the grace time for. torch's
-    # workers die so too.
-    script = """
+    # the job, then SIGKILL after a grace time in which a training loop saves its checkpoint;
+    # SLURM's `--signal=USR1@90` (Lightning's auto-requeue) or `USR2` (submitit's) warns every
+    # process of the job's steps that its time is nearly up, and the loop's handler saves and
+    # requeues. The workers and their server died at once: the loop's next batches failed
+    # ("killed by signal SIGTERM", SIGUSR1 until session 44), and so did the save it had the
+    # grace time for. torch's workers die so too.
+    script = f"""
         asked = []
-        signal.signal(signal.SIGTERM, lambda *_: asked.append(True))  # the loop's own handler
+        signal.signal(signal.{sent}, lambda *_: asked.append(True))  # the loop's own handler
         with DataLoader(proc_data.Images(40), batch_size=4, cpu_processes=2) as loader:
             assert loader._runtime_here().procs.wait_ready(30.0), "no worker started"
             it = iter(loader)
             got = [len(next(it))]
-            os.killpg(0, signal.SIGTERM)  # this process, the zygote and the workers
+            os.killpg(0, signal.{sent})  # this process, the zygote and the workers
             while not asked:
                 signal.sigtimedwait([], 0.01)  # the handler runs in this thread, between these
             got += [len(batch) for batch in it]
@@ -1600,7 +1603,7 @@ def test_sigterm_to_the_whole_job_leaves_the_workers_to_the_loader() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
+def test_a_process_a_worker_starts_takes_ctrl_c_sigterm_and_sigusr() -> None:
     # The workers ignored SIGINT, and what a process ignores, the programs it starts ignore
     # too: a tool that a dataset ran per item could not be stopped by Ctrl-C nor, had SIGTERM
     # been ignored as well, by terminate(). multiprocessing's processes, and torch's workers,
@@ -1609,7 +1612,7 @@ def test_a_process_a_worker_starts_takes_ctrl_c_and_sigterm() -> None:
         DataLoader(proc_data.ChildSignals(), batch_size=None, collate_fn=None, cpu_processes=1)
     ) as loader:
         (found,) = list(loader)
-    assert found == "default_int_handler SIG_DFL"
+    assert found == "default_int_handler SIG_DFL SIG_DFL SIG_DFL"
 
 
 def _killed_by_itself(script: str, tmp_path: Path) -> str:
