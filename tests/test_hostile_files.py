@@ -219,3 +219,41 @@ def test_a_file_that_grows_while_it_is_streamed_stops_at_max_bytes(tmp_path: Pat
     with pytest.raises(ValueError, match="'grows' is over max_bytes=5000"):
         asyncio.run(dataset.stream(0, sink, blocking))
     assert sum(got) <= 5000
+
+
+@pytest.fixture
+def stopped() -> Iterator[int]:
+    """The pid of a Python process stopped after importing NumPy: its ``/proc`` files are
+    several pages long, which the kernel gives a page a read, and do not change."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal, numpy; os.kill(os.getpid(), signal.SIGSTOP)"]
+    )
+    try:
+        os.waitpid(child.pid, os.WUNTRACED)
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def test_a_read_that_gives_less_than_asked_is_not_the_end(stopped: int) -> None:
+    # With max_bytes, a file was read in one read, and what it gave was the item: a page of a
+    # kernel file (the rest dropped, and a file over max_bytes passed), at most 2 GiB less
+    # 4 KiB of a larger file, whatever a FUSE file system had at hand.
+    whole = Path(f"/proc/{stopped}/maps").read_bytes()
+    assert len(whole) > 3 * 4096
+    assert FileDataset([f"/proc/{stopped}/maps"], max_bytes=1 << 20)[0] == whole
+    assert FileDataset(["maps"], root=f"/proc/{stopped}", max_bytes=1 << 20)[0] == whole
+    with pytest.raises(ValueError, match="'maps' is over max_bytes"):
+        FileDataset(["maps"], root=f"/proc/{stopped}", max_bytes=len(whole) - 1)[0]
+
+
+def test_a_range_of_a_local_store_is_read_whole(stopped: int) -> None:
+    # The same for a byte range of a local object store's file, read in one read.
+    from obstore.store import LocalStore
+
+    from asyncloader import ObjectStoreDataset
+
+    whole = Path(f"/proc/{stopped}/maps").read_bytes()
+    dataset = ObjectStoreDataset(LocalStore(f"/proc/{stopped}"), [("maps", 100, 3 * 4096)])
+    assert asyncio.run(dataset[0]) == whole[100 : 100 + 3 * 4096]

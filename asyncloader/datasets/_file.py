@@ -178,7 +178,7 @@ class FileDataset:
                     # The map keeps the file's pages; the descriptor can close at once.
                     return map_fd(fd, size, flags=_MAP_FLAGS, prot=_mmap.PROT_READ)
                 # A size of 0 may be a file of the kernel's (/proc) whose data only a read gets.
-                return self._read(file, location)
+                return self._read(file, location, size)
         except AttemptFailed:
             raise
         except OSError as error:
@@ -186,10 +186,10 @@ class FileDataset:
                 error = OSError(error.errno, f"{error.strerror}: {_HELD_MAPS}", location)
             raise AttemptFailed(error, transient=error.errno in _TRANSIENT_ERRNOS) from None
 
-    def _read(self, file: io.FileIO, path: str) -> bytes:
+    def _read(self, file: io.FileIO, path: str, size: int) -> bytes:
         if self.max_bytes is None:
             return file.readall()
-        data = file.read(self.max_bytes + 1)  # a file that grew is caught too
+        data = read_at_most(file, self.max_bytes + 1, size)  # a file that grew is caught too
         if len(data) > self.max_bytes:
             raise AttemptFailed(
                 ValueError(f"{path!r} is over max_bytes={self.max_bytes}"), transient=False
@@ -206,6 +206,28 @@ class FileDataset:
     def __repr__(self) -> str:
         mapped = ", mmap=True" if self.mmap else ""
         return f"FileDataset({len(self)} items, root={self.root!r}{mapped})"
+
+
+def read_at_most(file: IO[bytes], limit: int, expected: int) -> bytes:
+    """The next ``limit`` bytes of the unbuffered ``file``, fewer only at its end, read at
+    once where ``expected`` says how many there are.
+
+    One read may give less than it was asked, and that is not the end: Linux gives at most
+    2 GiB less 4 KiB a read, a kernel file (``/proc``) a page, a network or FUSE file system
+    what it has at hand. Only a read that gives nothing is.
+    """
+    parts = []
+    taken = 0
+    while taken < limit:
+        # The rest expected and a byte more, to see the end; then a byte, to see it; then
+        # chunks, of a file that grew or a kernel file of no size.
+        wanted = expected - taken + 1 if taken <= expected else STREAM_CHUNK
+        part = file.read(min(limit - taken, wanted))
+        if not part:
+            break
+        parts.append(part)
+        taken += len(part)
+    return b"".join(parts)  # the one part itself when one read took it all
 
 
 class _Shared:

@@ -11,7 +11,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from .._settings import check_timeout
 from .._stats import note_retry
-from ._file import FileDataset
+from ._file import FileDataset, read_at_most
 from ._http import _CHANGED, _check_max_bytes
 from ._locations import Locations
 from ._origins import Gates
@@ -349,7 +349,7 @@ class ObjectStoreDataset:
         assert self._files is not None
         with self._files.open_location(key) as file:
             file.seek(offset)
-            return file.read(size)
+            return read_at_most(file, size, size)
 
     async def stream(self, index: int, sink: Sink, blocking: Blocking) -> None:
         """Object ``index``, chunk by chunk into ``sink``: a GET whose body streams in as
