@@ -12,8 +12,7 @@ exception pickled if it can be, its text and its traceback.
 
 A worker takes SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 and does nothing (the zygote set it so):
 Ctrl-C and a job's SIGTERM or SLURM's warning are the loader's process's to handle, and it
-stops its workers. It exits when the
-loader says so or goes away (its socket closes).
+stops its workers. It exits when the loader says so or goes away (its socket closes).
 """
 
 from __future__ import annotations
