@@ -7,10 +7,12 @@ has (cgroup v2, a container's bind mount, odd contents).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,29 +24,33 @@ AFFINITY = len(os.sched_getaffinity(0))
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 
-def _in_group(group: Path) -> list[str]:
-    """What a fresh process moved into ``group`` counts: its CPU threads' default, and the
-    report's view of the CPUs."""
+def _in_group(group: Path, script: str | None = None) -> list[str]:
+    """What a fresh process moved into ``group`` prints: by default, its CPU threads' default
+    and the CPUs it counts."""
     script = textwrap.dedent(
-        f"""
-        import os, pathlib
-        pathlib.Path({str(group)!r}, "cgroup.procs").write_text(str(os.getpid()))
+        script
+        or """
         from asyncloader import DataLoader
         from asyncloader._cpus import available_cpus
         print(DataLoader(list(range(8)), batch_size=2).cpu_threads, available_cpus())
         """
     )
+    procs = str(group / "cgroup.procs")
+    moved = f"import os\nwith open({procs!r}, 'w') as procs:\n    procs.write(str(os.getpid()))\n"
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", moved + script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
 
-@pytest.mark.parametrize(("quota_us", "expected"), [(100_000, 1), (150_000, 1), (50_000, 1)])
-def test_a_cgroup_cpu_quota_caps_the_default_cpu_threads(quota_us: int, expected: int) -> None:
-    """A container's CPU limit is a quota, not an affinity: the loader took every CPU of the
-    machine for its threads (2 here, 96 on a node of 96 under an 8-CPU limit)."""
+@contextlib.contextmanager
+def _quota_group(quota_us: int) -> Iterator[Path]:
+    """A real cgroup (v1) whose parent's CPU quota is ``quota_us`` a period of 100 ms."""
     if os.geteuid() != 0:
         pytest.skip("making a cgroup needs root (CI runs as root)")
     outer = V1_CPU / f"asyncloader-test-{os.getpid()}-{quota_us}"
@@ -55,11 +61,43 @@ def test_a_cgroup_cpu_quota_caps_the_default_cpu_threads(quota_us: int, expected
         (outer / "cpu.cfs_quota_us").write_text(str(quota_us))
         inner.mkdir()
         assert (inner / "cpu.cfs_quota_us").read_text().strip() == "-1"
-        assert _in_group(inner) == [str(min(AFFINITY, expected))] * 2
+        yield inner
     finally:
         for group in (inner, outer):
             if group.exists():
                 group.rmdir()
+
+
+@pytest.mark.parametrize(("quota_us", "expected"), [(100_000, 1), (150_000, 1), (50_000, 1)])
+def test_a_cgroup_cpu_quota_caps_the_default_cpu_threads(quota_us: int, expected: int) -> None:
+    """A container's CPU limit is a quota, not an affinity: the loader took every CPU of the
+    machine for its threads (2 here, 96 on a node of 96 under an 8-CPU limit)."""
+    with _quota_group(quota_us) as group:
+        assert _in_group(group) == [str(min(AFFINITY, expected))] * 2
+
+
+def test_a_transform_the_quota_holds_to_one_cpu_is_not_called_gil_bound() -> None:
+    # Two CPU threads of a transform that releases the GIL (hashing), in a group of one CPU:
+    # together they got one core, which the report took for a transform that holds the GIL
+    # ("GIL-bound ... use cpu_processes"): processes would get no more.
+    script = """
+        import hashlib
+        from asyncloader import DataLoader
+        block = bytes(1 << 20)
+        def digest(index, item):
+            for _ in range(8):
+                hashlib.sha256(block).digest()
+            return item
+        with DataLoader(
+            list(range(96)), batch_size=4, num_workers=2, cpu_threads=2, transform=digest
+        ) as loader:
+            for _ in loader:
+                pass
+            stats = loader.stats()
+        print(stats.gil_bound(), "GIL-bound" in stats.report())
+        """
+    with _quota_group(100_000) as group:
+        assert _in_group(group, script) == ["False", "False"]
 
 
 def test_no_quota_leaves_the_affinity() -> None:
