@@ -1367,13 +1367,17 @@ def test_the_workers_are_the_oom_killers_first_choice(own: int) -> None:
 
 
 def _memory_group(limit: int) -> Path:
-    """A cgroup v1 memory group under this process's own, of ``limit`` bytes."""
+    """A cgroup v1 memory group under this process's own, of ``limit`` bytes, swap included
+    (a machine with swap would swap rather than kill)."""
     with open("/proc/self/cgroup") as lines:
         own = next(line for line in lines if "memory" in line.split(":")[1].split(","))
     group = Path("/sys/fs/cgroup/memory", own.split(":", 2)[2].strip().lstrip("/"))
     group /= f"asyncloader-test-{os.getpid()}"
     group.mkdir()
     (group / "memory.limit_in_bytes").write_text(str(limit))
+    if (group / "memory.memsw.limit_in_bytes").exists():  # where swap is accounted
+        (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+    (group / "memory.swappiness").write_text("0")
     return group
 
 
