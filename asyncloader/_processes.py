@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import heapq
 import itertools
 import logging
@@ -66,6 +67,20 @@ _JOIN_S: Final = 5.0
 class WorkerError(RuntimeError):
     """A worker process of ``cpu_processes`` failed a batch in a way the batch's own
     exception cannot say: the worker died, or its exception could not be sent back."""
+
+
+def _again(error: BaseException) -> BaseException:
+    """``error`` for one more batch: a copy of it, caused by what caused it, with no traceback
+    yet. The one object raised for every batch would gather each raise's frames (three more a
+    batch, and the locals they hold, for as long as the loader fails), and a traceback read
+    from one batch's error would change under the next."""
+    try:
+        fresh = copy.copy(error)
+    except Exception:  # an exception whose __init__ its own args do not fit
+        return error.with_traceback(None)
+    fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
+    fresh.__suppress_context__ = error.__suppress_context__
+    return fresh
 
 
 def _reason(code: int | None) -> str:
@@ -348,14 +363,14 @@ class _Worker:
                 )
             error = pool.broke(error, may_pass=killed)
             for task in held:
-                task.resolve(None, error)
+                task.resolve(None, _again(error))
             return
         error = WorkerError(
             f"asyncloader worker process {self.number} (pid {self.process.pid}) {reason} "
             "while it held this batch; a new worker took its place"
         )
         for task in held:
-            task.resolve(None, error)
+            task.resolve(None, _again(error))
         self._replace()
 
     def _replace(self) -> None:
@@ -503,7 +518,7 @@ class ProcessPool:
             if self.closing:
                 raise RuntimeError("the loader's worker processes are shut down")
             if self._broken is not None:
-                raise self._broken
+                raise _again(self._broken)
             task.number = next(self._order)
             heapq.heappush(self._queue, (task.priority, task.number, task))
             self._busy += 1
@@ -588,9 +603,9 @@ class ProcessPool:
                     heapq.heappush(self._queue, (task.priority, task.number, task))
                 self._changed.notify_all()
                 return
-        error = broken or RuntimeError("the loader's worker processes are shut down")
         for task in tasks:
-            task.resolve(None, error)
+            shut = RuntimeError("the loader's worker processes are shut down")
+            task.resolve(None, shut if broken is None else _again(broken))
 
     def broke(
         self, error: BaseException, start_failed: bool = False, may_pass: bool = False
@@ -611,7 +626,7 @@ class ProcessPool:
                 self._settle_locked(task)
             self._changed.notify_all()
         for _, _, task in queued:
-            task.resolve(None, error)
+            task.resolve(None, _again(error))
         if first and not start_failed:  # (a start fails at exit too: its batches say so)
             logger.warning(
                 "asyncloader: the worker processes cannot run the work, and every batch "

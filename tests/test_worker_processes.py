@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -2293,6 +2294,22 @@ def test_a_worker_init_fn_that_fails_fails_every_batch_saying_why() -> None:
         assert isinstance(outcome, proc_data.CannotOpen)
         assert "worker 0 cannot open its database" in str(outcome)
         assert "the worker's traceback" in str(outcome)
+
+
+def test_a_loader_that_fails_every_batch_gives_each_its_own_error() -> None:
+    # Every batch raised the one exception object of what broke the workers, which gathered
+    # each raise's frames: 24 frames at the first batch, 600 at the 99th (under a limit of
+    # processes that let no worker start), each keeping its locals, for as long as the loop
+    # went on catching them.
+    with _set_up(proc_data.cannot_set_up) as loader:
+        outcomes = [outcome for _ in range(3) for outcome in run_epoch(loader)]
+    assert len(outcomes) == 24
+    assert all(isinstance(outcome, proc_data.CannotOpen) for outcome in outcomes)
+    assert len({id(outcome) for outcome in outcomes}) == 24  # all held: no id reused
+    frames = [len(traceback.extract_tb(outcome.__traceback__)) for outcome in outcomes]
+    assert max(frames) <= min(frames) + 3, frames
+    assert all(str(outcome) == str(outcomes[0]) for outcome in outcomes)
+    assert "worker 0 cannot open its database" in str(outcomes[0])
 
 
 def test_the_workers_import_asyncloader_from_where_the_loader_did(tmp_path: Any) -> None:
