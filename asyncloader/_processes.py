@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import errno
 import heapq
 import itertools
 import logging
@@ -81,6 +82,23 @@ def _again(error: BaseException) -> BaseException:
     fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
     fresh.__suppress_context__ = error.__suppress_context__
     return fresh
+
+
+def _not_started(what: str, error: BaseException) -> WorkerError:
+    """``what`` could not start, because of ``error`` (its cause), saying which limit it may
+    have met when the system refused a thread or a process."""
+    refused = (isinstance(error, RuntimeError) and "can't start new thread" in str(error)) or (
+        isinstance(error, OSError) and error.errno in (errno.EAGAIN, errno.ENOMEM)
+    )
+    hint = (
+        " (the system refused a new thread or process: a limit on them, as `ulimit -u` or "
+        "a container's pids.max sets, or on memory)"
+        if refused
+        else ""
+    )
+    wrapped = WorkerError(f"{what} could not start: {error}{hint}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _reason(code: int | None) -> str:
@@ -377,7 +395,7 @@ class _Worker:
         try:
             self.pool.replace(self)
         except Exception as failed:
-            error = WorkerError(f"a new asyncloader worker process could not start: {failed}")
+            error = _not_started("a new asyncloader worker process", failed)
             self.pool.broke(error, start_failed=True)
 
     @property
@@ -467,9 +485,7 @@ class ProcessPool:
             for worker in self.workers:
                 worker.serve()
         except Exception as error:
-            self.broke(
-                WorkerError(f"the worker processes could not start: {error}"), start_failed=True
-            )
+            self.broke(_not_started("the worker processes", error), start_failed=True)
 
     def _new_zygote(self) -> Zygote:
         work = self.work.descriptor()

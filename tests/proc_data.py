@@ -348,6 +348,18 @@ class Balloons:
         return np.full(4, index, dtype=np.int64)
 
 
+def outcomes(loader: Any) -> Iterator[Any]:
+    """Each batch of an epoch of ``loader``, or the exception raised in its place."""
+    batches = iter(loader)
+    while True:
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
+        except Exception as raised:
+            yield raised
+
+
 class CountsPickles(Images):
     """Counts, in the loader's process, how often it was pickled."""
 

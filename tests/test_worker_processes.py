@@ -1432,6 +1432,43 @@ def test_a_worker_that_takes_the_memory_goes_not_the_training_process() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_workers_a_limit_of_processes_stops_say_which_limit() -> None:
+    # A container's pids.max (or `ulimit -u`) counts threads and processes: under one too
+    # low for the workers, every batch after the first few said "the worker processes could
+    # not start: can't start new thread", naming no limit, with no cause.
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root (CI runs as root)")
+    with open("/proc/self/cgroup") as lines:
+        own = next(line for line in lines if "pids" in line.split(":")[1].split(","))
+    group = Path("/sys/fs/cgroup/pids", own.split(":", 2)[2].strip().lstrip("/"))
+    group /= f"asyncloader-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text("6")
+        done = _child(
+            f"""
+            if __name__ == "__main__":
+                with open({str(group / "cgroup.procs")!r}, "w") as procs:
+                    procs.write(str(os.getpid()))
+                loader = DataLoader(proc_data.Images(64), batch_size=4, cpu_processes=2)
+                said = set()
+                for batch in proc_data.outcomes(loader):
+                    if isinstance(batch, Exception):
+                        said.add(f"{{type(batch).__name__}}: {{batch}} <- {{batch.__cause__!r}}")
+                print(*sorted(said), sep="\\n")
+            """
+        )
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "WorkerError: the worker processes could not start: can't start new thread (the "
+        "system refused a new thread or process: a limit on them, as `ulimit -u` or a "
+        "container's pids.max sets, or on memory) <- RuntimeError(\"can't start new thread\")"
+    ]
+
+
+@pytest.mark.timeout(120)
 def test_batches_all_kept_need_no_descriptor_or_mapping_each() -> None:
     # Under a descriptor limit of 256: a consumer that keeps 1,500 batches, and a batch of
     # 600 arrays (collate_fn=list), each of which took a shared segment with a descriptor.
