@@ -538,7 +538,9 @@ def test_an_epoch_of_skipped_items_holds_no_memory_for_each(
         finally:
             tracemalloc.stop()
         assert loader.stats().skipped == 20_000
-    assert held < 1_000_000
+    # What the loader holds anyway (its statistics' samples, its pools) is about 1 MB alone
+    # (989 KB by hand; once 1,003 KB in a whole run): the reasons held 20 MB.
+    assert held < 2_000_000
 
 
 def test_skip_settings_are_validated() -> None:
