@@ -19,9 +19,10 @@ import pytest
 
 from asyncloader._cpus import available_cpus, cpu_quota
 
+from .cgroups import v1_group
+
 ROOT = Path(__file__).resolve().parent.parent
 AFFINITY = len(os.sched_getaffinity(0))
-V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 
 def _in_group(group: Path, script: str | None = None) -> list[str]:
@@ -51,21 +52,13 @@ def _in_group(group: Path, script: str | None = None) -> list[str]:
 @contextlib.contextmanager
 def _quota_group(quota_us: int) -> Iterator[Path]:
     """A real cgroup (v1) whose parent's CPU quota is ``quota_us`` a period of 100 ms."""
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root (CI runs as root)")
-    outer = V1_CPU / f"asyncloader-test-{os.getpid()}-{quota_us}"
-    inner = outer / "inner"  # no quota of its own: the parent's caps it
-    outer.mkdir()
-    try:
+    with v1_group("cpu") as outer:
         (outer / "cpu.cfs_period_us").write_text("100000")
         (outer / "cpu.cfs_quota_us").write_text(str(quota_us))
+        inner = outer / "inner"  # no quota of its own: the parent's caps it
         inner.mkdir()
         assert (inner / "cpu.cfs_quota_us").read_text().strip() == "-1"
         yield inner
-    finally:
-        for group in (inner, outer):
-            if group.exists():
-                group.rmdir()
 
 
 @pytest.mark.parametrize(("quota_us", "expected"), [(100_000, 1), (150_000, 1), (50_000, 1)])

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from asyncloader import (
 from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from . import proc_data
+from .cgroups import v1_group
 from .children import INTERRUPTIBLE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,15 +58,7 @@ def ready(loader: DataLoader) -> DataLoader:
 
 def run_epoch(loader: DataLoader) -> list[Any]:
     """Each batch of one epoch, or the exception raised in its place."""
-    out: list[Any] = []
-    iterator = iter(loader)
-    while True:
-        try:
-            out.append(next(iterator))
-        except StopIteration:
-            return out
-        except Exception as raised:
-            out.append(raised)
+    return list(proc_data.outcomes(loader))
 
 
 def _batches(loader: DataLoader, epochs: int = 2) -> list[list[Any]]:
@@ -1367,19 +1361,16 @@ def test_the_workers_are_the_oom_killers_first_choice(own: int) -> None:
     assert _oom_score_adj("self") == 0
 
 
-def _memory_group(limit: int) -> Path:
-    """A cgroup v1 memory group under this process's own, of ``limit`` bytes, swap included
-    (a machine with swap would swap rather than kill)."""
-    with open("/proc/self/cgroup") as lines:
-        own = next(line for line in lines if "memory" in line.split(":")[1].split(","))
-    group = Path("/sys/fs/cgroup/memory", own.split(":", 2)[2].strip().lstrip("/"))
-    group /= f"asyncloader-test-{os.getpid()}"
-    group.mkdir()
-    (group / "memory.limit_in_bytes").write_text(str(limit))
-    if (group / "memory.memsw.limit_in_bytes").exists():  # where swap is accounted
-        (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
-    (group / "memory.swappiness").write_text("0")
-    return group
+@contextlib.contextmanager
+def _memory_group(limit: int) -> Iterator[Path]:
+    """A real cgroup (v1) of ``limit`` bytes, swap included (a machine with swap would swap
+    rather than kill)."""
+    with v1_group("memory") as group:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        if (group / "memory.memsw.limit_in_bytes").exists():  # where swap is accounted
+            (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        (group / "memory.swappiness").write_text("0")
+        yield group
 
 
 @pytest.mark.timeout(120)
@@ -1387,10 +1378,7 @@ def test_a_worker_that_takes_the_memory_goes_not_the_training_process() -> None:
     # The OOM killer takes the process that holds the most memory: here the training process
     # (440 MiB) when a worker takes 300 MiB in a group limited to 700 MiB. That killed the job
     # (the child died of SIGKILL); the worker goes now, its batches fail, the epoch goes on.
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root (CI runs as root)")
-    group = _memory_group(700 << 20)
-    try:
+    with _memory_group(700 << 20) as group:
         done = _child(
             f"""
             if __name__ == "__main__":
@@ -1418,8 +1406,6 @@ def test_a_worker_that_takes_the_memory_goes_not_the_training_process() -> None:
             """,
             timeout=90,
         )
-    finally:
-        group.rmdir()
     assert done.returncode == 0, f"{done.returncode}: {done.stderr}"
     *outcomes, survived, one = done.stdout.split()
     assert (survived, one) == ("survived", "1")
@@ -1436,14 +1422,7 @@ def test_workers_a_limit_of_processes_stops_say_which_limit() -> None:
     # A container's pids.max (or `ulimit -u`) counts threads and processes: under one too
     # low for the workers, every batch after the first few said "the worker processes could
     # not start: can't start new thread", naming no limit, with no cause.
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root (CI runs as root)")
-    with open("/proc/self/cgroup") as lines:
-        own = next(line for line in lines if "pids" in line.split(":")[1].split(","))
-    group = Path("/sys/fs/cgroup/pids", own.split(":", 2)[2].strip().lstrip("/"))
-    group /= f"asyncloader-test-{os.getpid()}"
-    group.mkdir()
-    try:
+    with v1_group("pids") as group:
         (group / "pids.max").write_text("6")
         done = _child(
             f"""
@@ -1458,8 +1437,6 @@ def test_workers_a_limit_of_processes_stops_say_which_limit() -> None:
                 print(*sorted(said), sep="\\n")
             """
         )
-    finally:
-        group.rmdir()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "WorkerError: the worker processes could not start: can't start new thread (the "
