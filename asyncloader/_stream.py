@@ -54,11 +54,13 @@ none (a stream without a state)."""
 def stream_kind(dataset: object) -> StreamKind | None:
     """``"async"`` for a dataset read with ``async for``, ``"sync"`` for one read with
     ``for``, ``None`` for a map-style dataset. A torch ``IterableDataset`` is a stream (its
-    ``__getitem__`` is the base class's, which raises); so is anything iterable without a
-    ``__getitem__``. With both ``__aiter__`` and ``__iter__``, ``__aiter__`` is used."""
+    ``__getitem__`` is the base class's, which raises); so is anything iterable that lacks
+    a ``__getitem__`` or a ``__len__``, the two a map-style dataset needs (Hugging Face's
+    streaming ``IterableDataset``, without torch, has a ``__getitem__`` that picks a column).
+    With both ``__aiter__`` and ``__iter__``, ``__aiter__`` is used."""
     torch = sys.modules.get("torch")
     is_torch_stream = torch is not None and isinstance(dataset, torch.utils.data.IterableDataset)
-    if not is_torch_stream and hasattr(dataset, "__getitem__"):
+    if not is_torch_stream and hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
         return None
     if hasattr(dataset, "__aiter__"):
         return "async"
