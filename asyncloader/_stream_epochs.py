@@ -215,7 +215,8 @@ class StreamEpochs:
         elif source is None and resume.batches:
             warnings.warn(
                 f"{name} has no state_dict()/load_state_dict(): the resumed epoch reads its "
-                f"first {resume.batches} batches again and drops them",
+                f"first {resume.batches} batches again and drops them (exact only if it gives "
+                "the same items in the same order each time the epoch is read)",
                 stacklevel=3,
             )
         self._hand(source, resume.epoch, resume.state["seed"])
