@@ -730,6 +730,15 @@ class ProcessPool:
             task.resolve(None, RuntimeError("the loader's worker processes are shut down"))
         if os.getpid() != self.pid:
             return
+        # One that still loads the work (imports, a dataset's __setstate__: seconds, or for
+        # ever) reads its socket only once it has: waited for below, each worker in turn,
+        # then the zygote. It has run no job; nothing is lost with it.
+        zygote = self.zygote
+        if zygote is not None and zygote.loading:
+            zygote.kill()
+        for worker in workers:
+            if not worker.ready:
+                worker.process.kill()
         for worker in workers:
             if not worker.sending:  # nobody to tell it to stop: its socket's end does
                 worker.close()

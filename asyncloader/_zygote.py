@@ -293,6 +293,7 @@ class Zygote:
         self._by_pid: dict[int, WorkerProcess] = {}
         self.failure: Any = None
         """What went wrong as it started (the error payload of :mod:`._worker`), if it did."""
+        self._forked = False
         # sys.argv too, as multiprocessing gives its processes: a script that parses its
         # options as it is imported gets the same ones.
         # How this process logs and warns too, for the workers to do as it does.
@@ -322,6 +323,7 @@ class Zygote:
                 message = pickle.loads(self._conn.recv_bytes())
                 if message[0] == "forked":
                     _, number, pid = message
+                    self._forked = True
                     with self._lock:
                         worker = self._workers.pop(number)
                         self._by_pid[pid] = worker
@@ -345,6 +347,17 @@ class Zygote:
                 worker.ended(None)
             for worker in forked:
                 worker.orphaned()
+
+    @property
+    def loading(self) -> bool:
+        """Whether it still imports and loads the work: it has forked no worker, and said
+        of no failure."""
+        return not self._forked and self.failure is None
+
+    def kill(self) -> None:
+        """SIGKILL it (one that still loads the work reads its socket only after)."""
+        with contextlib.suppress(OSError):
+            self.process.kill()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the zygote (its workers exit on their own sockets)."""

@@ -262,6 +262,26 @@ class WaitsAsLoaded(Sent):
         self.__dict__.update(state)
 
 
+class WaitsAsLoadedAfresh(Sent):
+    """Pickles; its loading starts a thread, so each worker is a fresh interpreter that loads
+    it again, and each loading after the zygote's (the first to create ``marker``) waits for
+    ever."""
+
+    def __init__(self, n: int, marker: str) -> None:
+        super().__init__(n)
+        self.marker = marker
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self.crossed(state):
+            return
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+        try:
+            os.close(os.open(state["marker"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            threading.Event().wait()
+
+
 class Unpicklable(Images):
     """Holds a lock, which cannot be pickled."""
 

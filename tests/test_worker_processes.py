@@ -1043,6 +1043,45 @@ def test_workers_that_are_never_ready_are_said_to_be_so_once(
     assert len([r for r in caplog.records if "not ready" in r.getMessage()]) == 1
 
 
+def test_closing_while_the_workers_still_load_the_work_ends_their_server_at_once() -> None:
+    # Their server still loads the work (here for ever; a script's imports, a dataset that
+    # opens a remote index, for seconds): close() waited for it to exit, 2.5 s for each
+    # worker it had not forked yet, then 5 s for it, before it killed it: 14 s for two
+    # workers, on every `with` block's exit, `break` and Ctrl-C of a short run.
+    loader = DataLoader(proc_data.WaitsAsLoaded(16), batch_size=4, cpu_processes=2)
+    assert len(run_epoch(loader)) == 4  # made on the thread while they load
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    assert procs.zygote is not None
+    assert not procs.ready
+    zygote = procs.zygote.process
+    began = time.monotonic()
+    loader.close()
+    assert time.monotonic() - began < 3.0  # not the 14 s of bounded waits
+    assert zygote.poll() == -signal.SIGKILL
+    assert all(worker.process.pid is None for worker in procs.workers)  # none was forked
+
+
+def test_closing_while_fresh_workers_still_load_the_work_ends_them_at_once(
+    tmp_path: Any,
+) -> None:
+    # Each worker a fresh interpreter (the work's loading started a thread), each still
+    # loading it: close() waited 2.5 s for each to read its socket, then killed it.
+    work = proc_data.WaitsAsLoadedAfresh(16, str(tmp_path / "loaded"))
+    loader = DataLoader(work, batch_size=4, cpu_processes=2)
+    assert len(run_epoch(loader)) == 4
+    procs = loader._runtime_here().procs
+    assert procs is not None
+    pids = [worker.process.wait_forked(30.0) for worker in procs.workers]
+    assert None not in pids
+    assert not procs.ready
+    began = time.monotonic()
+    loader.close()
+    assert time.monotonic() - began < 3.0  # not the 5 s of bounded waits
+    assert [worker.process.exitcode for worker in procs.workers] == [-signal.SIGKILL] * 2
+    assert _gone([pid for pid in pids if pid is not None])
+
+
 def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
     with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
         DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
