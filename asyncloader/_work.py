@@ -22,6 +22,7 @@ from collections.abc import Callable
 from types import FunctionType
 from typing import IO, Any, Final
 
+from ._file_mapped import FileMaps
 from ._shared import anonymous, tensor_reduction
 from ._worker import Layout, Work
 from ._zygote import importing_main, main_source
@@ -64,6 +65,7 @@ def _dump(
     """
     found: set[str] = set()
     unfiled = main_source() is None
+    maps = FileMaps()
 
     class Recording(pickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
@@ -80,8 +82,9 @@ def _dump(
                     "(a .py file) and import it from there, or use cpu_threads"
                 )
             # A tensor as the batches' are: out of band (shared, not loaded as a copy), of any
-            # dtype (torch's own pickles of some cannot be loaded).
-            return tensor_reduction(obj) or NotImplemented
+            # dtype (torch's own pickles of some cannot be loaded); an array that maps a file
+            # as that file's range, mapped again by each worker.
+            return tensor_reduction(obj) or maps.reduction(obj) or NotImplemented
 
     try:
         Recording(file, protocol=5, buffer_callback=buffer_callback).dump(work)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO, Final
 
+from ._file_mapped import descriptors_held
 from ._forked import parents_only
 from ._logs import Reporting, follow, reporting
 from ._shared import anonymous
@@ -394,8 +395,9 @@ def _reap(conn: Connection, children: set[int]) -> None:
 
 
 def _descriptors() -> int:
+    """This process's descriptors, but those that its mappings of the work's files hold."""
     try:
-        return len(os.listdir("/proc/self/fd"))
+        return len(os.listdir("/proc/self/fd")) - descriptors_held()
     except OSError:  # pragma: no cover - not Linux: no way to count
         return 0
 

@@ -16,7 +16,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -440,12 +440,52 @@ class HoldsArray:
         return len(self.table)
 
     def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
-        if self.writes:
-            self.table[index] += 1
-        with open("/proc/self/maps") as maps:
-            mapped = "asyncloader-work" in maps.read()
-        row = self.table[index].astype(np.int64)
+        row, mapped = _row(self.table, index, self.writes, "asyncloader-work")
         return np.concatenate([row[:4], [mapped, self.table.flags.writeable, os.getpid()]])
+
+
+def _row(table: Any, index: int, writes: bool, name: str) -> tuple[np.ndarray[Any, Any], bool]:
+    """Row ``index`` of ``table`` as ``int64`` (1 added to it first, with ``writes``), and
+    whether this process maps what ``name`` names (``/proc/self/maps``)."""
+    if writes:
+        table[index] += 1
+    with open("/proc/self/maps") as maps:
+        mapped = name in maps.read()
+    return np.asarray(table[index], dtype=np.int64), mapped
+
+
+class MapsFile:
+    """Rows of a file of ``uint16`` (a token file, as nanoGPT writes one) that the dataset
+    maps: ``np.memmap(path, mode=mode)`` seen through ``view`` (``"whole"``, ``"strided"``: every
+    other row backwards, or ``"npy"``: ``np.load(path, mmap_mode=mode)`` of an ``.npy``). Item
+    ``i`` is its row, then whether the process maps ``path``, its pid, and the pid of the
+    process that loaded the dataset; with ``writes``, each call adds 1 to its row first."""
+
+    def __init__(
+        self,
+        path: str,
+        mode: Literal["r", "r+", "c"] = "r",
+        view: str = "whole",
+        writes: bool = False,
+    ) -> None:
+        if view == "npy":
+            self.table: Any = np.load(path, mmap_mode=mode)
+        else:
+            table = np.memmap(path, dtype=np.uint16, mode=mode).reshape(-1, 512)
+            self.table = table[::-2] if view == "strided" else table
+        self.path, self.writes = path, writes
+        self.loaded_in = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.loaded_in = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        row, mapped = _row(self.table, index, self.writes, self.path)
+        return np.concatenate([row[:4], [mapped, os.getpid(), self.loaded_in]])
 
 
 class HoldsBytes:

@@ -1,0 +1,167 @@
+"""Arrays that map a file, sent to the worker processes as the file, not as its bytes.
+
+A dataset that holds ``np.memmap(path)`` or ``np.load(path, mmap_mode="r")`` (a token file, a
+feature matrix: gigabytes) would otherwise be pickled as a copy of every byte of it, in
+anonymous memory, when the loader is built. Such an array is pickled as where it lies (the
+file's device and inode, the byte range, its layout) and each worker process maps the same
+range of the same file: the page cache is shared, as by torch's forked workers, and nothing
+is copied. The worker checks that the file it opens by name is the one mapped here (device
+and inode, on the descriptor it maps), so a path replaced in between fails the workers'
+start, naming it, rather than giving other data.
+
+Only a mapping that holds the file's bytes is sent so: a shared one (``mode="r"`` or
+``"r+"``), or a private one that cannot have been written (not ``mode="c"``, whose writes
+stay in this process). In a worker, a writable array maps the file copy-on-write: its writes
+stay in that worker, as they do for the rest of the work.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import sys
+import weakref
+from typing import Any, Final, NamedTuple
+
+import numpy as np
+
+_SMALLEST: Final = 1 << 16
+"""Smaller arrays are copied into the pickle: mapping them costs more than the copy."""
+
+_holding: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+"""This process's mappings of work files that hold a descriptor (an ``mmap`` keeps one open
+before Python 3.13, while it lives): the zygote's check for descriptors that loading opened
+leaves them out."""
+
+
+_KINDS: Final = (np.ndarray, np.memmap)
+
+
+class _Mapping(NamedTuple):
+    start: int
+    end: int
+    offset: int
+    shared: bool
+    writable: bool
+    device: int
+    inode: int
+    path: str
+
+
+def _mappings() -> list[_Mapping]:
+    """This process's file mappings (``/proc/self/maps``)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.readlines()
+    except OSError:  # not Linux: nothing is sent as a file
+        return []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[4] == "0" or not fields[5].startswith("/"):
+            continue
+        span, perms, offset, device, inode, path = fields
+        start, end = (int(value, 16) for value in span.split("-"))
+        major, minor = (int(value, 16) for value in device.split(":"))
+        found.append(
+            _Mapping(
+                start,
+                end,
+                int(offset, 16),
+                perms[3] == "s",
+                perms[1] == "w",
+                os.makedev(major, minor),
+                int(inode),
+                path.rstrip("\n"),
+            )
+        )
+    return found
+
+
+class FileMaps:
+    """Finds which arrays map a file, reading this process's mappings once, when first
+    asked (a pickle of the work asks for each array in it)."""
+
+    def __init__(self) -> None:
+        self._mappings: list[_Mapping] | None = None
+
+    def reduction(self, obj: Any) -> tuple[Any, ...] | None:
+        """How ``obj`` is pickled as the range of the file it maps, or ``None`` (it is no
+        array, maps no file whose bytes it holds, or is small)."""
+        if type(obj) not in _KINDS or obj.nbytes < _SMALLEST or obj.dtype.hasobject:
+            return None  # (a subclass may pickle itself its own way)
+        low, high = _byte_bounds(obj)
+        if self._mappings is None:
+            self._mappings = _mappings()
+        mapping = next((m for m in self._mappings if m.start <= low and high <= m.end), None)
+        if mapping is None or (mapping.writable and not mapping.shared):
+            return None  # not a file, or a private copy whose writes the file lacks
+        try:
+            status = os.stat(mapping.path)
+        except OSError:  # removed, or renamed: its bytes go as they are
+            return None
+        if (status.st_dev, status.st_ino) != (mapping.device, mapping.inode) or not (
+            stat.S_ISREG(status.st_mode)
+        ):
+            return None
+        where = mapping.offset + (low - mapping.start)
+        start = obj.__array_interface__["data"][0] - low
+        layout = (obj.dtype, obj.shape, obj.strides, start, high - low)
+        place = (mapping.path, mapping.device, mapping.inode, where)
+        return _mapped, (place, layout, obj.flags.writeable, type(obj))
+
+
+def _byte_bounds(array: np.ndarray[Any, Any]) -> tuple[int, int]:
+    bounds = getattr(np.lib, "array_utils", np).byte_bounds  # NumPy 2 moved it
+    low, high = bounds(array)
+    return int(low), int(high)
+
+
+def _mapped(
+    place: tuple[str, int, int, int],
+    layout: tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int, int],
+    writable: bool,
+    kind: type[np.ndarray[Any, Any]],
+) -> np.ndarray[Any, Any]:
+    """The array of ``layout`` over the file range ``place`` (in a worker process).
+
+    Raises:
+        OSError: The file at that path is not the one that was mapped, or is now shorter.
+    """
+    path, device, inode, where = place
+    dtype, shape, strides, start, length = layout
+    # Not blocking: a FIFO put in its place would block the open for ever (and is refused
+    # below, as another file).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(fd)
+        if (status.st_dev, status.st_ino) != (device, inode):
+            raise OSError(
+                f"cpu_processes: {path!r} is another file than the one the dataset mapped when "
+                "the loader was built (replaced since): its arrays cannot be mapped again"
+            )
+        if status.st_size < where + length:
+            raise OSError(
+                f"cpu_processes: {path!r} is shorter ({status.st_size} bytes) than when the "
+                f"dataset mapped it ({where + length} bytes or more)"
+            )
+        aligned = where - where % mmap.ALLOCATIONGRANULARITY
+        access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+        size = where - aligned + length
+        if sys.version_info >= (3, 13):
+            mapped = mmap.mmap(fd, size, access=access, offset=aligned, trackfd=False)
+        else:
+            mapped = mmap.mmap(fd, size, access=access, offset=aligned)
+            _holding.add(mapped)
+    finally:
+        os.close(fd)
+    array: np.ndarray[Any, Any] = np.ndarray(
+        shape, dtype, buffer=mapped, offset=where - aligned + start, strides=strides
+    )
+    return array if kind is np.ndarray else array.view(kind)
+
+
+def descriptors_held() -> int:
+    """How many descriptors this process's mappings of work files hold."""
+    return len(_holding)
