@@ -10,9 +10,10 @@ and inode, on the descriptor it maps), so a path replaced in between fails the w
 start, naming it, rather than giving other data.
 
 Only a mapping that holds the file's bytes is sent so: a shared one (``mode="r"`` or
-``"r+"``), or a private one that cannot have been written (not ``mode="c"``, whose writes
-stay in this process). In a worker, a writable array maps the file copy-on-write: its writes
-stay in that worker, as they do for the rest of the work.
+``"r+"``), or a private one not written to (``torch.load(mmap=True)``'s, or ``mode="c"``
+before any write; one written to holds what the file lacks, and goes as its bytes). In a
+worker, a writable array maps the file copy-on-write: its writes stay in that worker, as
+they do for the rest of the work.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ class FileMaps:
         if self._mappings is None:
             self._mappings = _mappings()
         mapping = next((m for m in self._mappings if m.start <= low and high <= m.end), None)
-        if mapping is None or (mapping.writable and not mapping.shared):
-            return None  # not a file, or a private copy whose writes the file lacks
+        if mapping is None:
+            return None
+        if mapping.writable and not mapping.shared and not _unwritten(mapping.start):
+            return None  # a private copy, written to: the file lacks what it holds
         try:
             status = os.stat(mapping.path)
         except OSError:  # removed, or renamed: its bytes go as they are
@@ -110,6 +113,23 @@ class FileMaps:
         layout = (obj.dtype, obj.shape, obj.strides, start, high - low)
         place = (mapping.path, mapping.device, mapping.inode, where)
         return _mapped, (place, layout, obj.flags.writeable, type(obj))
+
+
+def _unwritten(start: int) -> bool:
+    """Whether no page of this process's private mapping at ``start`` was written to: none
+    has become its own (``Anonymous``), in memory or swapped out (``/proc/self/smaps``)."""
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                first = line.split(maxsplit=1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's first line
+                    inside = int(first.split("-")[0], 16) == start
+                elif inside and first in ("Anonymous:", "Swap:") and line.split()[1] != "0":
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def _byte_bounds(array: np.ndarray[Any, Any]) -> tuple[int, int]:

@@ -325,6 +325,26 @@ def test_an_expanded_tensor_in_a_dataset_is_sent_as_its_few_elements() -> None:
     assert torch.equal(first, expanded[:4])
 
 
+@pytest.mark.parametrize("how", ["torch.load(mmap=True)", "torch.from_file(shared=True)"])
+def test_a_tensor_that_maps_a_file_is_sent_as_the_file(tmp_path: Any, how: str) -> None:
+    # Its array was copied whole into the work's memory as the loader was built; now each
+    # worker maps the same file (a private mapping of torch.load's, not written to, too).
+    values = torch.arange(1 << 20, dtype=torch.float32).reshape(-1, 256)
+    path = str(tmp_path / "values")
+    if how.startswith("torch.load"):
+        torch.save(values, path)
+        mapped = torch.load(path, mmap=True)
+    else:
+        values.numpy().tofile(path)
+        mapped = torch.from_file(path, shared=True, size=values.numel()).reshape(-1, 256)
+    loader = DataLoader(torch.utils.data.TensorDataset(mapped), batch_size=64, cpu_processes=1)
+    with loader:
+        assert loader._work is not None
+        assert loader._work.layout[2] < 64 << 10  # not its 4 MiB
+        got = torch.cat([batch for [batch] in loader])
+    assert torch.equal(got, values)
+
+
 def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
     loader = DataLoader(TorchStyle(), batch_size=4, cpu_processes=1)
     with loader:

@@ -302,18 +302,23 @@ def test_an_array_that_maps_a_file_is_mapped_by_the_workers_not_copied(
     assert pickled < 64 << 10  # the work without the file's 4 MiB
 
 
-def test_an_array_whose_writes_the_file_lacks_is_sent_as_its_bytes(tmp_path: Any) -> None:
-    # mode="c": the dataset's writes stay in its own private copy, which the workers get.
+@pytest.mark.parametrize("written", [True, False])
+def test_a_private_mapping_that_was_written_to_is_sent_as_its_bytes(
+    tmp_path: Any, written: bool
+) -> None:
+    # mode="c": the dataset's writes stay in its own private copy, which the workers get;
+    # not written to, it still holds the file's bytes, and goes as the file.
     path = _token_file(tmp_path)
     dataset = proc_data.MapsFile(path, mode="c")
-    dataset.table[:, 0] = 7
+    if written:
+        dataset.table[1000, 0] = 7
     with ready(DataLoader(dataset, batch_size=64, cpu_processes=2)) as loader:
         rows = _rows(loader)
         procs = loader._runtime_here().procs
         assert procs is not None
-        assert procs.work.layout[2] > 4 << 20
-    assert (rows[:, 0] == 7).all()
-    assert not rows[:, 4].any()
+        assert (procs.work.layout[2] > 4 << 20) is written
+    assert rows[1000, 0] == (7 if written else 1000)
+    assert (rows[:, 4] == (not written)).all()
 
 
 def test_a_worker_writes_to_a_mapped_file_in_its_own_copy(tmp_path: Any) -> None:
