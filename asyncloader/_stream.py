@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+import numpy as np
+
 from ._pool import ThreadPool
 from ._sampler import batch_count
 
@@ -69,6 +71,18 @@ def stream_kind(dataset: object) -> StreamKind | None:
     return None
 
 
+def _seed_datapipe(dataset: object, seed: int, epoch: int) -> None:
+    """Seed the shuffles of a torch ``IterDataPipe`` (``.shuffle()``) from ``(seed, epoch)``:
+    unseeded, each draws from torch's global generator, so no two loaders, ranks or reads of
+    an epoch (a resume reads it again) agree on its order."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(dataset, torch.utils.data.IterDataPipe):
+        return
+    drawn = np.random.default_rng([seed, epoch]).integers(2**63)
+    generator = torch.Generator().manual_seed(int(drawn))
+    torch.utils.data.graph_settings.apply_random_seed(dataset, generator)
+
+
 def is_stateful(dataset: object) -> bool:
     """Whether a stream keeps its own position (``state_dict``/``load_state_dict``)."""
     return callable(getattr(dataset, "state_dict", None)) and callable(
@@ -97,6 +111,14 @@ def check_stream_settings(
         raise ValueError(
             f"max_errors={max_errors} is a fraction of the epoch's items, and this stream has "
             "no __len__: give a count"
+        )
+    torch = sys.modules.get("torch")
+    if shuffle and torch is not None and isinstance(dataset, torch.utils.data.IterDataPipe):
+        raise ValueError(
+            "shuffle: a datapipe shuffles itself; turn its shuffles on with "
+            "torch.utils.data.graph_settings.apply_shuffle_settings(datapipe, shuffle=True) "
+            "(what torch's DataLoader does with shuffle=True), and the loader seeds them "
+            "from its seed and the epoch"
         )
     for name, value in (("shuffle", shuffle), ("sampler", sampler)):
         if value:
@@ -336,10 +358,12 @@ class StreamReader:
 
     def _begin(self) -> None:
         """Tell the stream the epoch, if it asks (``set_epoch``: Hugging Face's streaming
-        datasets and WebDataset's pipelines draw their shuffles from it)."""
+        datasets draw their shuffles from it); seed a torch datapipe's shuffles from the seed
+        and the epoch, as torch's loader seeds them from its generator."""
         set_epoch = getattr(self._dataset, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(self._info.epoch)
+        _seed_datapipe(self._dataset, self._info.seed, self._info.epoch)
 
     def _pull_sync(self, count: int) -> tuple[list[Any], bool, _Snapshot]:
         with self._thread_lock, telling(self._info):

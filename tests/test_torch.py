@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from asyncloader import DataLoader, DistributedSampler, default_collate
+from asyncloader.testing import assert_equal_output_after_checkpoint
 
 from .datasets import AsyncData, SyncData
 
@@ -343,6 +344,35 @@ def test_a_tensor_that_maps_a_file_is_sent_as_the_file(tmp_path: Any, how: str) 
         assert loader._work.layout[2] < 64 << 10  # not its 4 MiB
         got = torch.cat([batch for [batch] in loader])
     assert torch.equal(got, values)
+
+
+def _datapipe() -> Any:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(40)).shuffle(buffer_size=10)
+
+
+def test_a_datapipes_shuffles_are_drawn_from_the_seed_and_the_epoch() -> None:
+    # Unseeded, each drew from torch's global generator: two loaders of one seed, or an
+    # epoch read again to resume it, gave other orders (torch's loader seeds them from its
+    # generator).
+    def run(seed: int, workers: int) -> list[list[list[int]]]:
+        with DataLoader(_datapipe(), batch_size=8, seed=seed, num_workers=workers) as loader:
+            return [[batch.tolist() for batch in loader] for _ in range(2)]
+
+    first = run(3, 0)
+    assert run(3, 4) == first
+    assert first[0] != first[1]  # each epoch its own order
+    assert run(4, 0) != first
+    assert sorted(item for batch in first[1] for item in batch) == list(range(40))
+
+    def make() -> DataLoader:
+        return DataLoader(_datapipe(), batch_size=8, seed=3, num_workers=2)
+
+    with pytest.warns(UserWarning, match="exact only if it gives the same items"):
+        assert_equal_output_after_checkpoint(make, epochs=2)
+    with pytest.raises(ValueError, match=r"shuffle: a datapipe shuffles itself.*apply_shuffle"):
+        DataLoader(_datapipe(), shuffle=True)
 
 
 def test_tensor_batches_cross_from_worker_processes_as_tensors() -> None:
