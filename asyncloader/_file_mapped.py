@@ -1,7 +1,8 @@
 """Arrays that map a file, sent to the worker processes as the file, not as its bytes.
 
 A dataset that holds ``np.memmap(path)`` or ``np.load(path, mmap_mode="r")`` (a token file, a
-feature matrix: gigabytes) would otherwise be pickled as a copy of every byte of it, in
+feature matrix: gigabytes), a tensor of ``torch.load(path, mmap=True)``, or an Arrow table
+read with ``memory_map=True`` would otherwise be pickled as a copy of every byte of it, in
 anonymous memory, when the loader is built. Such an array is pickled as where it lies (the
 file's device and inode, the byte range, its layout) and each worker process maps the same
 range of the same file: the page cache is shared, as by torch's forked workers, and nothing
@@ -89,10 +90,30 @@ class FileMaps:
 
     def reduction(self, obj: Any) -> tuple[Any, ...] | None:
         """How ``obj`` is pickled as the range of the file it maps, or ``None`` (it is no
-        array, maps no file whose bytes it holds, or is small)."""
-        if type(obj) not in _KINDS or obj.nbytes < _SMALLEST or obj.dtype.hasobject:
-            return None  # (a subclass may pickle itself its own way)
-        low, high = _byte_bounds(obj)
+        array or Arrow buffer, maps no file whose bytes it holds, or is small)."""
+        kind = type(obj)
+        if kind in _KINDS:
+            if obj.nbytes < _SMALLEST or obj.dtype.hasobject:
+                return None
+            low, high = _byte_bounds(obj)
+            place = self._place(low, high)
+            if place is None:
+                return None
+            start = obj.__array_interface__["data"][0] - low
+            layout = (obj.dtype, obj.shape, obj.strides, start)
+            return _mapped_array, (place, high - low, obj.flags.writeable, layout, kind)
+        pyarrow = sys.modules.get("pyarrow")
+        if pyarrow is not None and kind is pyarrow.Buffer and obj.size >= _SMALLEST:
+            # An Arrow table read with memory_map=True (Feather, Arrow IPC) holds such buffers.
+            place = self._place(obj.address, obj.address + obj.size)
+            if place is None:
+                return None
+            return _mapped_buffer, (place, obj.size, obj.is_mutable)
+        return None  # (a subclass may pickle itself its own way)
+
+    def _place(self, low: int, high: int) -> tuple[str, int, int, int] | None:
+        """Where the memory from ``low`` to ``high`` lies in a file whose bytes it holds:
+        the file's path, device and inode, and the offset there; ``None`` if it does not."""
         if self._mappings is None:
             self._mappings = _mappings()
         mapping = next((m for m in self._mappings if m.start <= low and high <= m.end), None)
@@ -108,11 +129,7 @@ class FileMaps:
             stat.S_ISREG(status.st_mode)
         ):
             return None
-        where = mapping.offset + (low - mapping.start)
-        start = obj.__array_interface__["data"][0] - low
-        layout = (obj.dtype, obj.shape, obj.strides, start, high - low)
-        place = (mapping.path, mapping.device, mapping.inode, where)
-        return _mapped, (place, layout, obj.flags.writeable, type(obj))
+        return mapping.path, mapping.device, mapping.inode, mapping.offset + low - mapping.start
 
 
 def _unwritten(start: int) -> bool:
@@ -138,19 +155,48 @@ def _byte_bounds(array: np.ndarray[Any, Any]) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def _mapped(
+def _mapped_array(
     place: tuple[str, int, int, int],
-    layout: tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int, int],
+    length: int,
     writable: bool,
+    layout: tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int],
     kind: type[np.ndarray[Any, Any]],
 ) -> np.ndarray[Any, Any]:
-    """The array of ``layout`` over the file range ``place`` (in a worker process).
+    """The array of ``layout`` over ``length`` bytes of the file at ``place`` (in a worker
+    process).
+
+    Raises:
+        OSError: The file at that path is not the one that was mapped, or is now shorter.
+    """
+    dtype, shape, strides, start = layout
+    mapped, inside = _map(place, length, writable)
+    array: np.ndarray[Any, Any] = np.ndarray(
+        shape, dtype, buffer=mapped, offset=inside + start, strides=strides
+    )
+    return array if kind is np.ndarray else array.view(kind)
+
+
+def _mapped_buffer(place: tuple[str, int, int, int], length: int, mutable: bool) -> Any:
+    """An Arrow buffer over ``length`` bytes of the file at ``place`` (in a worker process).
+
+    Raises:
+        OSError: As :func:`_mapped_array`.
+    """
+    import pyarrow
+
+    mapped, inside = _map(place, length, mutable)
+    view = memoryview(mapped)[inside : inside + length]
+    return pyarrow.py_buffer(view if mutable else view.toreadonly())
+
+
+def _map(place: tuple[str, int, int, int], length: int, writable: bool) -> tuple[mmap.mmap, int]:
+    """A mapping of ``length`` bytes of the file at ``place`` (copy-on-write if
+    ``writable``), and where they start in it.
 
     Raises:
         OSError: The file at that path is not the one that was mapped, or is now shorter.
     """
     path, device, inode, where = place
-    dtype, shape, strides, start, length = layout
     # Not blocking: a FIFO put in its place would block the open for ever (and is refused
     # below, as another file).
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -176,10 +222,7 @@ def _mapped(
             _holding.add(mapped)
     finally:
         os.close(fd)
-    array: np.ndarray[Any, Any] = np.ndarray(
-        shape, dtype, buffer=mapped, offset=where - aligned + start, strides=strides
-    )
-    return array if kind is np.ndarray else array.view(kind)
+    return mapped, where - aligned
 
 
 def descriptors_held() -> int:

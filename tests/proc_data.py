@@ -488,6 +488,30 @@ class MapsFile:
         return np.concatenate([row[:4], [mapped, os.getpid(), self.loaded_in]])
 
 
+class MapsArrow:
+    """Rows of an Arrow (Feather) file read with ``memory_map=True``: item ``i`` is its
+    ``x`` at row ``i``, then whether the process maps ``path`` and its pid (read by
+    ``__getitems__`` alone, a batch at a time)."""
+
+    def __init__(self, path: str) -> None:
+        import pyarrow.feather
+
+        self.table = pyarrow.feather.read_table(path, memory_map=True)
+        self.path = path
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[np.ndarray[Any, Any]]:
+        with open("/proc/self/maps") as maps:
+            mapped = self.path in maps.read()
+        column = self.table.column("x").take(indices).to_pylist()
+        return [np.array([value, mapped, os.getpid()]) for value in column]
+
+
 class HoldsBytes:
     """``count`` items of ``size`` bytes each, held in memory as ``bytes`` (encoded images,
     say): pickled in band, so each process that loads the work makes them anew."""

@@ -274,6 +274,15 @@ def _token_file(tmp_path: Any, npy: bool = False) -> str:
     return path
 
 
+def _rows_and_work(dataset: Any, batch_size: int) -> tuple[np.ndarray[Any, Any], int]:
+    """The rows of an epoch of ``dataset`` from 2 worker processes, once ready, and the size
+    of the work's memory (what was pickled for them)."""
+    with ready(DataLoader(dataset, batch_size=batch_size, cpu_processes=2)) as loader:
+        procs = loader._runtime_here().procs
+        assert procs is not None
+        return _rows(loader), procs.work.layout[2]
+
+
 @pytest.mark.parametrize("view", ["whole", "strided", "npy"])
 def test_an_array_that_maps_a_file_is_mapped_by_the_workers_not_copied(
     tmp_path: Any, view: str
@@ -285,12 +294,7 @@ def test_an_array_that_maps_a_file_is_mapped_by_the_workers_not_copied(
     dataset = proc_data.MapsFile(path, view=view)
     with DataLoader(dataset, batch_size=64, cpu_threads=1) as loader:
         expected = _rows(loader)
-    loader = ready(DataLoader(dataset, batch_size=64, cpu_processes=2))
-    with loader:
-        rows = _rows(loader)
-        procs = loader._runtime_here().procs
-        assert procs is not None
-        pickled = procs.work.layout[2]
+    rows, pickled = _rows_and_work(dataset, 64)
     assert (rows[:, :4] == expected[:, :4]).all()
     assert len(rows) == (2048 if view == "strided" else 4096)
     assert (rows[:, 5] != os.getpid()).all()  # all made in the workers
@@ -300,6 +304,23 @@ def test_an_array_that_maps_a_file_is_mapped_by_the_workers_not_copied(
     assert len(set(rows[:, 6])) == 1
     assert rows[0, 6] not in rows[:, 5]
     assert pickled < 64 << 10  # the work without the file's 4 MiB
+
+
+def test_an_arrow_table_that_maps_a_file_is_mapped_by_the_workers_not_copied(
+    tmp_path: Any,
+) -> None:
+    # Its buffers were copied whole into the work's memory as the loader was built.
+    import pyarrow
+    import pyarrow.feather
+
+    path = str(tmp_path / "table.arrow")
+    table = pyarrow.table({"x": np.arange(1 << 16) * 3, "s": [str(i) for i in range(1 << 16)]})
+    pyarrow.feather.write_feather(table, path, compression="uncompressed")
+    rows, pickled = _rows_and_work(proc_data.MapsArrow(path), 4096)
+    assert (rows[:, 0] == np.arange(1 << 16) * 3).all()
+    assert rows[:, 1].all()  # each worker maps the file
+    assert (rows[:, 2] != os.getpid()).all()
+    assert pickled < 64 << 10  # not the file's 1.3 MiB
 
 
 @pytest.mark.parametrize("written", [True, False])
