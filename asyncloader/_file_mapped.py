@@ -6,9 +6,10 @@ read with ``memory_map=True`` would otherwise be pickled as a copy of every byte
 anonymous memory, when the loader is built. Such an array is pickled as where it lies (the
 file's device and inode, the byte range, its layout) and each worker process maps the same
 range of the same file: the page cache is shared, as by torch's forked workers, and nothing
-is copied. The worker checks that the file it opens by name is the one mapped here (device
-and inode, on the descriptor it maps), so a path replaced in between fails the workers'
-start, naming it, rather than giving other data.
+is copied. The file is found by path once, as the loader is built, and held open by the
+loader from then on if it is still the one mapped (device and inode, checked on that
+descriptor); the workers open it through that descriptor (``/proc/<pid>/fd/<n>``), so they
+map the same file whatever becomes of its path (replaced, removed), and check it again.
 
 Only a mapping that holds the file's bytes is sent so: a shared one (``mode="r"`` or
 ``"r+"``), or a private one not written to (``torch.load(mmap=True)``'s, or ``mode="c"``
@@ -83,10 +84,15 @@ def _mappings() -> list[_Mapping]:
 
 class FileMaps:
     """Finds which arrays map a file, reading this process's mappings once, when first
-    asked (a pickle of the work asks for each array in it)."""
+    asked (a pickle of the work asks for each array in it), and holds each such file open
+    (:attr:`files`) for the workers to map: they open it through this process's descriptor,
+    so it is the same file whatever becomes of its path (replaced, removed)."""
 
     def __init__(self) -> None:
         self._mappings: list[_Mapping] | None = None
+        self.files: dict[tuple[int, int], int] = {}
+        """A descriptor of each file sent so, by device and inode; the caller closes them
+        once no worker will map them again."""
 
     def reduction(self, obj: Any) -> tuple[Any, ...] | None:
         """How ``obj`` is pickled as the range of the file it maps, or ``None`` (it is no
@@ -111,9 +117,9 @@ class FileMaps:
             return _mapped_buffer, (place, obj.size, obj.is_mutable)
         return None  # (a subclass may pickle itself its own way)
 
-    def _place(self, low: int, high: int) -> tuple[str, int, int, int] | None:
-        """Where the memory from ``low`` to ``high`` lies in a file whose bytes it holds:
-        the file's path, device and inode, and the offset there; ``None`` if it does not."""
+    def _place(self, low: int, high: int) -> Place | None:
+        """Where the memory from ``low`` to ``high`` lies in a file whose bytes it holds, or
+        ``None`` if it does not."""
         if self._mappings is None:
             self._mappings = _mappings()
         mapping = next((m for m in self._mappings if m.start <= low and high <= m.end), None)
@@ -121,15 +127,39 @@ class FileMaps:
             return None
         if mapping.writable and not mapping.shared and not _unwritten(mapping.start):
             return None  # a private copy, written to: the file lacks what it holds
-        try:
-            status = os.stat(mapping.path)
-        except OSError:  # removed, or renamed: its bytes go as they are
-            return None
-        if (status.st_dev, status.st_ino) != (mapping.device, mapping.inode) or not (
-            stat.S_ISREG(status.st_mode)
-        ):
-            return None
-        return mapping.path, mapping.device, mapping.inode, mapping.offset + low - mapping.start
+        key = (mapping.device, mapping.inode)
+        if key not in self.files:
+            fd = _open_same(mapping.path, key)
+            if fd is None:  # removed or replaced since it was mapped: its bytes go as they are
+                return None
+            self.files[key] = fd
+        where = mapping.offset + low - mapping.start
+        return Place(os.getpid(), self.files[key], mapping.device, mapping.inode, where)
+
+
+class Place(NamedTuple):
+    """A range's start in a file that a process (the loader's) holds open."""
+
+    pid: int
+    fd: int
+    device: int
+    inode: int
+    where: int
+
+
+def _open_same(path: str, key: tuple[int, int]) -> int | None:
+    """A descriptor of the regular file at ``path`` if it is the one of ``key`` (device,
+    inode), else ``None``. Not blocking: a FIFO put at the path would block the open for ever
+    (and is another file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    status = os.fstat(fd)
+    if (status.st_dev, status.st_ino) == key and stat.S_ISREG(status.st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def _unwritten(start: int) -> bool:
@@ -156,7 +186,7 @@ def _byte_bounds(array: np.ndarray[Any, Any]) -> tuple[int, int]:
 
 
 def _mapped_array(
-    place: tuple[str, int, int, int],
+    place: Place,
     length: int,
     writable: bool,
     layout: tuple[np.dtype[Any], tuple[int, ...], tuple[int, ...], int],
@@ -176,7 +206,7 @@ def _mapped_array(
     return array if kind is np.ndarray else array.view(kind)
 
 
-def _mapped_buffer(place: tuple[str, int, int, int], length: int, mutable: bool) -> Any:
+def _mapped_buffer(place: Place, length: int, mutable: bool) -> Any:
     """An Arrow buffer over ``length`` bytes of the file at ``place`` (in a worker process).
 
     Raises:
@@ -189,32 +219,32 @@ def _mapped_buffer(place: tuple[str, int, int, int], length: int, mutable: bool)
     return pyarrow.py_buffer(view if mutable else view.toreadonly())
 
 
-def _map(place: tuple[str, int, int, int], length: int, writable: bool) -> tuple[mmap.mmap, int]:
+def _map(place: Place, length: int, writable: bool) -> tuple[mmap.mmap, int]:
     """A mapping of ``length`` bytes of the file at ``place`` (copy-on-write if
     ``writable``), and where they start in it.
 
     Raises:
-        OSError: The file at that path is not the one that was mapped, or is now shorter.
+        OSError: The file cannot be opened (the loader's process is gone), is not the one
+            that was mapped, or is now shorter.
     """
-    path, device, inode, where = place
-    # Not blocking: a FIFO put in its place would block the open for ever (and is refused
-    # below, as another file).
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # The loader's own descriptor of it: the same file, whatever became of its path.
+    name = f"/proc/{place.pid}/fd/{place.fd}"
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         status = os.fstat(fd)
-        if (status.st_dev, status.st_ino) != (device, inode):
+        if (status.st_dev, status.st_ino) != (place.device, place.inode):
             raise OSError(
-                f"cpu_processes: {path!r} is another file than the one the dataset mapped when "
-                "the loader was built (replaced since): its arrays cannot be mapped again"
+                f"cpu_processes: {name} is another file than the one the dataset mapped "
+                "(the loader's descriptor of it was closed): its arrays cannot be mapped again"
             )
-        if status.st_size < where + length:
+        if status.st_size < place.where + length:
             raise OSError(
-                f"cpu_processes: {path!r} is shorter ({status.st_size} bytes) than when the "
-                f"dataset mapped it ({where + length} bytes or more)"
+                f"cpu_processes: the file the dataset mapped is shorter ({status.st_size} "
+                f"bytes) than when it mapped it ({place.where + length} bytes or more)"
             )
-        aligned = where - where % mmap.ALLOCATIONGRANULARITY
+        aligned = place.where - place.where % mmap.ALLOCATIONGRANULARITY
         access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
-        size = where - aligned + length
+        size = place.where - aligned + length
         if sys.version_info >= (3, 13):
             mapped = mmap.mmap(fd, size, access=access, offset=aligned, trackfd=False)
         else:
@@ -222,7 +252,7 @@ def _map(place: tuple[str, int, int, int], length: int, writable: bool) -> tuple
             _holding.add(mapped)
     finally:
         os.close(fd)
-    return mapped, where - aligned
+    return mapped, place.where - aligned
 
 
 def descriptors_held() -> int:

@@ -53,7 +53,10 @@ class _Unfiled(TypeError):
 
 
 def _dump(
-    work: Work, file: IO[bytes], buffer_callback: Callable[[pickle.PickleBuffer], Any]
+    work: Work,
+    file: IO[bytes],
+    buffer_callback: Callable[[pickle.PickleBuffer], Any],
+    maps: FileMaps,
 ) -> set[str]:
     """Pickle ``work`` into ``file`` (out-of-band buffers to ``buffer_callback``); the modules
     it refers to.
@@ -65,7 +68,6 @@ def _dump(
     """
     found: set[str] = set()
     unfiled = main_source() is None
-    maps = FileMaps()
 
     class Recording(pickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
@@ -130,11 +132,13 @@ class PickledWork:
 
     A large array in the work (a dataset that holds its samples in NumPy arrays) is written
     after the pickle, page-aligned, and mapped copy-on-write, so the workers share its pages
-    as torch's forked workers do, and a write stays in the worker that made it.
+    as torch's forked workers do, and a write stays in the worker that made it. One that maps
+    a file is sent as the file's range (:mod:`._file_mapped`), the file held open here.
     """
 
     def __init__(self, work: Work) -> None:
         fd = anonymous(0, "asyncloader-work", sealed=True)
+        maps = FileMaps()
         try:
             with open(os.dup(fd), "wb") as file:
                 kept: list[pickle.PickleBuffer] = []
@@ -145,7 +149,7 @@ class PickledWork:
                     kept.append(buffer)
                     return False
 
-                found = _dump(work, file, keep)
+                found = _dump(work, file, keep, maps)
                 length = file.tell()
                 spans = []
                 for buffer in kept:
@@ -159,10 +163,12 @@ class PickledWork:
                 with contextlib.suppress(OSError):  # not a memfd here: left unsealed
                     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         except BaseException:
-            os.close(fd)
+            for descriptor in (fd, *maps.files.values()):
+                os.close(descriptor)
             raise
         self._fd = fd
-        self._closed = weakref.finalize(self, os.close, fd)
+        # With the files that arrays in it map, which the workers open through these.
+        self._closed = weakref.finalize(self, _close, [fd, *maps.files.values()])
         self.set_up = work.worker_init is not None
         """Whether each worker runs a ``worker_init_fn`` before its jobs (so no batch is made
         elsewhere)."""
@@ -175,6 +181,11 @@ class PickledWork:
     def descriptor(self) -> int:
         """A descriptor of the memory, for one worker (the caller closes it)."""
         return os.dup(self._fd)
+
+
+def _close(descriptors: list[int]) -> None:
+    for descriptor in descriptors:
+        os.close(descriptor)
 
 
 def pickle_work(work: Work) -> PickledWork:
