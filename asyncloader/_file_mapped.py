@@ -229,7 +229,13 @@ def _map(place: Place, length: int, writable: bool) -> tuple[mmap.mmap, int]:
     """
     # The loader's own descriptor of it: the same file, whatever became of its path.
     name = f"/proc/{place.pid}/fd/{place.fd}"
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise OSError(
+            f"cpu_processes: the file the dataset mapped cannot be opened through the loader's "
+            f"descriptor of it ({name}: {error.strerror}); is the loader's process gone?"
+        ) from error
     try:
         status = os.fstat(fd)
         if (status.st_dev, status.st_ino) != (place.device, place.inode):

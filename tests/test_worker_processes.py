@@ -377,6 +377,22 @@ def test_a_mapped_file_replaced_before_the_workers_start_is_still_the_one_they_m
     assert (rows[:, 5] != os.getpid()).all()
 
 
+def test_a_mapped_file_whose_loaders_descriptor_is_gone_fails_naming_it() -> None:
+    # Each worker opens the file through the loader's descriptor of it (/proc/<pid>/fd/<n>):
+    # with the loader's process gone, its start fails saying so, not with a bare ENOENT.
+    from asyncloader._file_mapped import Place, _mapped_buffer
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    place = Place(int(gone.stdout), 3, 0, 0, 0)
+    with pytest.raises(OSError, match=r"cannot be opened through the loader's descriptor"):
+        _mapped_buffer(place, 1 << 16, False)
+
+
 def _private_kib(pid: int) -> int:
     """The memory ``pid`` holds that no other process shares, in KiB."""
     with open(f"/proc/{pid}/smaps_rollup") as rollup:
