@@ -20,6 +20,7 @@ they do for the rest of the work.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import stat
@@ -90,6 +91,8 @@ class FileMaps:
 
     def __init__(self) -> None:
         self._mappings: list[_Mapping] | None = None
+        self._starts: list[int] = []
+        self._unwritten: dict[int, bool] = {}
         self.files: dict[tuple[int, int], int] = {}
         """A descriptor of each file sent so, by device and inode; the caller closes them
         once no worker will map them again."""
@@ -121,12 +124,17 @@ class FileMaps:
         """Where the memory from ``low`` to ``high`` lies in a file whose bytes it holds, or
         ``None`` if it does not."""
         if self._mappings is None:
-            self._mappings = _mappings()
-        mapping = next((m for m in self._mappings if m.start <= low and high <= m.end), None)
-        if mapping is None:
+            self._mappings = sorted(_mappings())
+            self._starts = [mapping.start for mapping in self._mappings]
+        at = bisect.bisect_right(self._starts, low) - 1
+        mapping = self._mappings[at] if at >= 0 else None
+        if mapping is None or high > mapping.end:
             return None
-        if mapping.writable and not mapping.shared and not _unwritten(mapping.start):
-            return None  # a private copy, written to: the file lacks what it holds
+        if mapping.writable and not mapping.shared:
+            if mapping.start not in self._unwritten:  # (a read of smaps: once a mapping)
+                self._unwritten[mapping.start] = _unwritten(mapping.start)
+            if not self._unwritten[mapping.start]:
+                return None  # a private copy, written to: the file lacks what it holds
         key = (mapping.device, mapping.inode)
         if key not in self.files:
             fd = _open_same(mapping.path, key)

@@ -346,6 +346,31 @@ def test_a_tensor_that_maps_a_file_is_sent_as_the_file(tmp_path: Any, how: str) 
     assert torch.equal(got, values)
 
 
+def test_many_tensors_of_one_mapped_file_read_its_page_counts_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each of them read /proc/self/smaps again, to see that its mapping was not written to:
+    # 500 tensors of one torch.load(mmap=True) took 11 s to build the loader (by hand).
+    from asyncloader import _file_mapped
+
+    reads: list[int] = []
+    unwritten = _file_mapped._unwritten
+
+    def counted(start: int) -> bool:
+        reads.append(start)
+        return unwritten(start)
+
+    monkeypatch.setattr(_file_mapped, "_unwritten", counted)
+    path = str(tmp_path / "many.pt")
+    torch.save({f"t{i}": torch.full((16384 + i,), float(i)) for i in range(100)}, path)
+    tensors = list(torch.load(path, mmap=True).values())
+    with DataLoader(tensors, batch_size=10, cpu_processes=1, collate_fn=list) as loader:
+        assert loader._work is not None
+        assert loader._work.layout[2] < 64 << 10  # each goes as the file's range
+        assert [float(batch[0][0]) for batch in loader] == [float(i) for i in range(0, 100, 10)]
+    assert len(reads) == 1  # one mapping, one read
+
+
 def _datapipe() -> Any:
     from torch.utils.data.datapipes.iter import IterableWrapper
 
