@@ -103,7 +103,9 @@ def test_an_s3_server_restarted_mid_epoch_loses_nothing() -> None:
             region="us-east-1",
             access_key_id="testing",
             secret_access_key="testing",
-            retry=Retry(max_retries=10, initial_backoff=0.05, max_backoff=0.5),
+            # About 14 s of retries: the restart is slow on a loaded machine (one whole run
+            # on two busy cores used up 10 retries, about 4 s, before moto was back).
+            retry=Retry(max_retries=30, initial_backoff=0.05, max_backoff=0.5),
         )
         got: list[str] = []
         with DataLoader(
