@@ -39,6 +39,12 @@ before Python 3.13, while it lives): the zygote's check for descriptors that loa
 leaves them out."""
 
 
+_maps: weakref.WeakValueDictionary[tuple[int, int, int, int, bool], mmap.mmap] = (
+    weakref.WeakValueDictionary()
+)
+"""This process's mapping of each work file (by the loader's pid and descriptor, the file's
+device and inode, and whether copy-on-write), while an array or buffer on it lives."""
+
 _KINDS: Final = (np.ndarray, np.memmap)
 
 
@@ -207,9 +213,9 @@ def _mapped_array(
         OSError: The file at that path is not the one that was mapped, or is now shorter.
     """
     dtype, shape, strides, start = layout
-    mapped, inside = _map(place, length, writable)
+    mapped = _map(place, length, writable)
     array: np.ndarray[Any, Any] = np.ndarray(
-        shape, dtype, buffer=mapped, offset=inside + start, strides=strides
+        shape, dtype, buffer=mapped, offset=place.where + start, strides=strides
     )
     return array if kind is np.ndarray else array.view(kind)
 
@@ -222,19 +228,23 @@ def _mapped_buffer(place: Place, length: int, mutable: bool) -> Any:
     """
     import pyarrow
 
-    mapped, inside = _map(place, length, mutable)
-    view = memoryview(mapped)[inside : inside + length]
+    view = memoryview(_map(place, length, mutable))[place.where : place.where + length]
     return pyarrow.py_buffer(view if mutable else view.toreadonly())
 
 
-def _map(place: Place, length: int, writable: bool) -> tuple[mmap.mmap, int]:
-    """A mapping of ``length`` bytes of the file at ``place`` (copy-on-write if
-    ``writable``), and where they start in it.
+def _map(place: Place, length: int, writable: bool) -> mmap.mmap:
+    """This process's mapping of the whole file at ``place`` (copy-on-write if ``writable``),
+    one for all the arrays on it: views of one file share its memory here as they did in the
+    loader's process, and a dataset of many arrays holds one mapping, not one each.
 
     Raises:
         OSError: The file cannot be opened (the loader's process is gone), is not the one
             that was mapped, or is now shorter.
     """
+    key = (place.pid, place.fd, place.device, place.inode, writable)
+    mapped = _maps.get(key)
+    if mapped is not None and len(mapped) >= place.where + length:
+        return mapped
     # The loader's own descriptor of it: the same file, whatever became of its path.
     name = f"/proc/{place.pid}/fd/{place.fd}"
     try:
@@ -256,17 +266,16 @@ def _map(place: Place, length: int, writable: bool) -> tuple[mmap.mmap, int]:
                 f"cpu_processes: the file the dataset mapped is shorter ({status.st_size} "
                 f"bytes) than when it mapped it ({place.where + length} bytes or more)"
             )
-        aligned = place.where - place.where % mmap.ALLOCATIONGRANULARITY
         access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
-        size = place.where - aligned + length
         if sys.version_info >= (3, 13):
-            mapped = mmap.mmap(fd, size, access=access, offset=aligned, trackfd=False)
+            mapped = mmap.mmap(fd, status.st_size, access=access, trackfd=False)
         else:
-            mapped = mmap.mmap(fd, size, access=access, offset=aligned)
+            mapped = mmap.mmap(fd, status.st_size, access=access)
             _holding.add(mapped)
     finally:
         os.close(fd)
-    return mapped, place.where - aligned
+    _maps[key] = mapped
+    return mapped
 
 
 def descriptors_held() -> int:

@@ -444,22 +444,23 @@ class HoldsArray:
         return np.concatenate([row[:4], [mapped, self.table.flags.writeable, os.getpid()]])
 
 
-def _row(table: Any, index: int, writes: bool, name: str) -> tuple[np.ndarray[Any, Any], bool]:
+def _row(table: Any, index: int, writes: bool, name: str) -> tuple[np.ndarray[Any, Any], int]:
     """Row ``index`` of ``table`` as ``int64`` (1 added to it first, with ``writes``), and
-    whether this process maps what ``name`` names (``/proc/self/maps``)."""
+    how many mappings of what ``name`` names this process holds (``/proc/self/maps``)."""
     if writes:
         table[index] += 1
     with open("/proc/self/maps") as maps:
-        mapped = name in maps.read()
+        mapped = sum(name in line for line in maps)
     return np.asarray(table[index], dtype=np.int64), mapped
 
 
 class MapsFile:
     """Rows of a file of ``uint16`` (a token file, as nanoGPT writes one) that the dataset
     maps: ``np.memmap(path, mode=mode)`` seen through ``view`` (``"whole"``, ``"strided"``: every
-    other row backwards, or ``"npy"``: ``np.load(path, mmap_mode=mode)`` of an ``.npy``). Item
-    ``i`` is its row, then whether the process maps ``path``, its pid, and the pid of the
-    process that loaded the dataset; with ``writes``, each call adds 1 to its row first."""
+    other row backwards, ``"blocks"``: 64 views of 64 rows each, or ``"npy"``:
+    ``np.load(path, mmap_mode=mode)`` of an ``.npy``). Item ``i`` is its row, then how many
+    mappings of ``path`` the process holds, its pid, and the pid of the process that loaded
+    the dataset; with ``writes``, each call adds 1 to its row first."""
 
     def __init__(
         self,
@@ -473,6 +474,8 @@ class MapsFile:
         else:
             table = np.memmap(path, dtype=np.uint16, mode=mode).reshape(-1, 512)
             self.table = table[::-2] if view == "strided" else table
+            if view == "blocks":
+                self.table = _Blocks([table[start : start + 64] for start in range(0, 4096, 64)])
         self.path, self.writes = path, writes
         self.loaded_in = os.getpid()
 
@@ -510,6 +513,20 @@ class MapsArrow:
             mapped = self.path in maps.read()
         column = self.table.column("x").take(indices).to_pylist()
         return [np.array([value, mapped, os.getpid()]) for value in column]
+
+
+class _Blocks:
+    """Rows held as blocks of 64 (views of one array, say): row ``i`` of block ``i // 64``."""
+
+    def __init__(self, blocks: list[np.ndarray[Any, Any]]) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return 64 * len(self.blocks)
+
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
+        row: np.ndarray[Any, Any] = self.blocks[index // 64][index % 64]
+        return row
 
 
 class HoldsBytes:
