@@ -6,7 +6,7 @@ named, down to the attribute.
 
 Every worker, one that takes a dead one's place too, starts from the same bytes: the work as
 it was when the loader was built, whatever the loader's own process did with the dataset
-since.
+since; but an array that maps a file is that file as it is, as in the loader's process.
 """
 
 from __future__ import annotations
