@@ -174,8 +174,13 @@ class PickledWork:
         elsewhere)."""
         self.main = "__main__" in found or "__mp_main__" in found
         """Whether it needs the main module (something in it was defined in a script)."""
+        # Those an import finds: not one made at run time (Cython's _cython_3_2_8, which
+        # holds the type of the functions it compiles), whose import would fail there. Pickle
+        # imports what the work needs by name anyway; these are imported first to be shared.
         self.modules = sorted(
-            m for m in found - {"__main__", "__mp_main__", "builtins"} if m in sys.modules
+            m
+            for m in found - {"__main__", "__mp_main__", "builtins"}
+            if getattr(sys.modules.get(m), "__spec__", None) is not None
         )
 
     def descriptor(self) -> int:

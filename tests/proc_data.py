@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -527,6 +528,39 @@ class _Blocks:
     def __getitem__(self, index: int) -> np.ndarray[Any, Any]:
         row: np.ndarray[Any, Any] = self.blocks[index // 64][index % 64]
         return row
+
+
+# A module made at run time, as Cython makes one (``_cython_3_2_8``) for the type of the
+# functions it compiles: in sys.modules, yet no import finds it in another process.
+_MADE = types.ModuleType("_asyncloader_made_at_run_time")
+sys.modules[_MADE.__name__] = _MADE
+
+
+class _CompiledFunction:
+    """A function as Cython compiles one: its type is of the made module, and it pickles by
+    its own name in an importable module (``pyarrow.lib._reconstruct_table``)."""
+
+    def __init__(self, name: str) -> None:
+        self.__module__ = __name__
+        self.__qualname__ = name
+
+    def __reduce__(self) -> str:
+        return self.__qualname__
+
+    def __call__(self, value: int) -> int:
+        return value
+
+
+_CompiledFunction.__module__ = _MADE.__name__
+compiled = _CompiledFunction("compiled")
+
+
+class HoldsCompiled(Images):
+    """Holds a function of a compiled extension (a pyarrow table holds such in its pickle)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.function = compiled
 
 
 class HoldsBytes:

@@ -1216,6 +1216,17 @@ def test_closing_while_fresh_workers_still_load_the_work_ends_them_at_once(
     assert _gone([pid for pid in pids if pid is not None])
 
 
+def test_a_compiled_function_in_the_work_does_not_break_the_workers() -> None:
+    # Its type's module (Cython's _cython_3_2_8, made at run time) was among the modules the
+    # zygote imports, and no import finds it there: every batch of a dataset that held a
+    # pyarrow table failed ("No module named '_cython_3_2_8'") where the zygote's own imports
+    # had not made it (Python 3.10, pyarrow 25.0.1).
+    loader = ready(DataLoader(proc_data.HoldsCompiled(8), batch_size=4, cpu_processes=1))
+    with loader:
+        outcomes = run_epoch(loader)
+    assert [type(outcome) for outcome in outcomes] == [np.ndarray] * 2
+
+
 def test_an_unpicklable_transform_fails_at_construction_naming_it() -> None:
     with pytest.raises(TypeError, match=r"cpu_processes: the transform \(function\)"):
         DataLoader(proc_data.Images(4), cpu_processes=1, transform=lambda i, x: x)
