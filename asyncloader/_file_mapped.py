@@ -5,8 +5,8 @@ feature matrix: gigabytes), a tensor of ``torch.load(path, mmap=True)``, or an A
 read with ``memory_map=True`` would otherwise be pickled as a copy of every byte of it, in
 anonymous memory, when the loader is built. Such an array is pickled as where it lies (the
 file's device and inode, the byte range, its layout) and each worker process maps the same
-range of the same file: the page cache is shared, as by torch's forked workers, and nothing
-is copied. The file is found by path once, as the loader is built, and held open by the
+file, once for all the arrays on it: the page cache is shared, as by torch's forked workers,
+and nothing is copied. The file is found by path once, as the loader is built, and held open by the
 loader from then on if it is still the one mapped (device and inode, checked on that
 descriptor); the workers open it through that descriptor (``/proc/<pid>/fd/<n>``), so they
 map the same file whatever becomes of its path (replaced, removed), and check it again.
@@ -162,18 +162,30 @@ class Place(NamedTuple):
 
 
 def _open_same(path: str, key: tuple[int, int]) -> int | None:
-    """A descriptor of the regular file at ``path`` if it is the one of ``key`` (device,
-    inode), else ``None``. Not blocking: a FIFO put at the path would block the open for ever
-    (and is another file)."""
+    """A descriptor of the file at ``path`` if it is the regular file of ``key`` (device,
+    inode), else ``None``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return _open_checked(path, key)
     except OSError:
         return None
+
+
+def _open_checked(name: str, key: tuple[int, int]) -> int:
+    """A descriptor of the file at ``name``, opened without blocking (a FIFO put there would
+    block the open for ever, and is another file).
+
+    Raises:
+        OSError: It cannot be opened, or is not the regular file of ``key`` (device, inode).
+    """
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     status = os.fstat(fd)
-    if (status.st_dev, status.st_ino) == key and stat.S_ISREG(status.st_mode):
-        return fd
-    os.close(fd)
-    return None
+    if (status.st_dev, status.st_ino) != key or not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise OSError(
+            f"cpu_processes: {name} is another file than the one the dataset mapped (the "
+            "loader's descriptor of it was closed): its arrays cannot be mapped again"
+        )
+    return fd
 
 
 def _unwritten(start: int) -> bool:
@@ -210,7 +222,7 @@ def _mapped_array(
     process).
 
     Raises:
-        OSError: The file at that path is not the one that was mapped, or is now shorter.
+        OSError: As :func:`_map`.
     """
     dtype, shape, strides, start = layout
     mapped = _map(place, length, writable)
@@ -224,7 +236,7 @@ def _mapped_buffer(place: Place, length: int, mutable: bool) -> Any:
     """An Arrow buffer over ``length`` bytes of the file at ``place`` (in a worker process).
 
     Raises:
-        OSError: As :func:`_mapped_array`.
+        OSError: As :func:`_map`.
     """
     import pyarrow
 
@@ -248,19 +260,16 @@ def _map(place: Place, length: int, writable: bool) -> mmap.mmap:
     # The loader's own descriptor of it: the same file, whatever became of its path.
     name = f"/proc/{place.pid}/fd/{place.fd}"
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _open_checked(name, (place.device, place.inode))
     except OSError as error:
+        if error.errno is None:  # it opened, and is another file: said so already
+            raise
         raise OSError(
             f"cpu_processes: the file the dataset mapped cannot be opened through the loader's "
             f"descriptor of it ({name}: {error.strerror}); is the loader's process gone?"
         ) from error
     try:
         status = os.fstat(fd)
-        if (status.st_dev, status.st_ino) != (place.device, place.inode):
-            raise OSError(
-                f"cpu_processes: {name} is another file than the one the dataset mapped "
-                "(the loader's descriptor of it was closed): its arrays cannot be mapped again"
-            )
         if status.st_size < place.where + length:
             raise OSError(
                 f"cpu_processes: the file the dataset mapped is shorter ({status.st_size} "

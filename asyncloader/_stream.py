@@ -75,12 +75,18 @@ def _seed_datapipe(dataset: object, seed: int, epoch: int) -> None:
     """Seed the shuffles of a torch ``IterDataPipe`` (``.shuffle()``) from ``(seed, epoch)``:
     unseeded, each draws from torch's global generator, so no two loaders, ranks or reads of
     an epoch (a resume reads it again) agree on its order."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(dataset, torch.utils.data.IterDataPipe):
+    if not _is_datapipe(dataset):
         return
+    torch = sys.modules["torch"]
     drawn = np.random.default_rng([seed, epoch]).integers(2**63)
     generator = torch.Generator().manual_seed(int(drawn))
     torch.utils.data.graph_settings.apply_random_seed(dataset, generator)
+
+
+def _is_datapipe(dataset: object) -> bool:
+    """Whether ``dataset`` is a torch ``IterDataPipe`` (torch imported already)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dataset, torch.utils.data.IterDataPipe)
 
 
 def is_stateful(dataset: object) -> bool:
@@ -112,8 +118,7 @@ def check_stream_settings(
             f"max_errors={max_errors} is a fraction of the epoch's items, and this stream has "
             "no __len__: give a count"
         )
-    torch = sys.modules.get("torch")
-    if shuffle and torch is not None and isinstance(dataset, torch.utils.data.IterDataPipe):
+    if shuffle and _is_datapipe(dataset):
         raise ValueError(
             "shuffle: a datapipe shuffles itself; turn its shuffles on with "
             "torch.utils.data.graph_settings.apply_shuffle_settings(datapipe, shuffle=True) "

@@ -163,8 +163,7 @@ class PickledWork:
                 with contextlib.suppress(OSError):  # not a memfd here: left unsealed
                     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         except BaseException:
-            for descriptor in (fd, *maps.files.values()):
-                os.close(descriptor)
+            _close([fd, *maps.files.values()])
             raise
         self._fd = fd
         # With the files that arrays in it map, which the workers open through these.
